@@ -1,0 +1,1 @@
+"""Sub-commands of the relaxspec-audit CLI (one module each, imported lazily)."""
