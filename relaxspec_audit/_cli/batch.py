@@ -1,0 +1,84 @@
+"""``relaxspec-audit batch`` and ``demo``: parse options, call ``batch.run_batch``, print."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+
+def _run(config: str | Path, out: str, runs: str, jobs: int, progress: bool) -> None:
+    from relaxspec_audit import batch as batch_mod
+
+    start = time.perf_counter()
+    try:
+        plan = batch_mod.load_config(config)
+    except batch_mod.BatchConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    result = batch_mod.run_batch(plan, out=out, runs=runs, jobs=jobs, progress=progress)
+    minutes = (time.perf_counter() - start) / 60
+    for task in result.tasks:
+        status = "ok" if task.ok else "FAILED"
+        click.echo(f"  {task.task}: {status}")
+        for error in task.errors:
+            click.echo(f"    {error}", err=True)
+        for nb in task.notebooks:
+            if not nb.ok:
+                click.echo(f"    notebook {nb.name}: {nb.error} (saved: {nb.ipynb})", err=True)
+    click.echo(f"batch {result.name}: {len(result.tasks)} task(s) in {minutes:.1f} min")
+    click.echo(f"index: {result.index}")
+    if not result.ok:
+        raise SystemExit(1)
+
+
+_jobs = click.option(
+    "--jobs",
+    "-j",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Runs collected in parallel (independent shards, one process each).",
+)
+_out = click.option(
+    "--out",
+    default="reports",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Reports root; the batch writes <out>/<batch>/.",
+)
+_runs = click.option(
+    "--runs",
+    default="runs",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Run folders root; finished runs are reused, unfinished ones resumed.",
+)
+_progress = click.option("--progress/--no-progress", default=True, help="Progress bar.")
+
+
+@click.command()
+@click.argument("config", type=click.Path(exists=True, dir_okay=False))
+@_jobs
+@_out
+@_runs
+@_progress
+def batch(config: str, jobs: int, out: str, runs: str, progress: bool) -> None:
+    """Collect what is missing and render per-task audit reports for CONFIG (YAML).
+
+    The whole config is validated before any work. Exits non-zero if any run or notebook
+    failed (the other tasks still finish); a failed notebook is saved with its error.
+    """
+    _run(config, out, runs, jobs, progress)
+
+
+@click.command()
+@_jobs
+@_out
+@_runs
+@_progress
+def demo(jobs: int, out: str, runs: str, progress: bool) -> None:
+    """Run the bundled demo batch (embedded model pair, bundled tasks) and print the index."""
+    from relaxspec_audit import batch as batch_mod
+
+    _run(batch_mod.bundled_config("demo"), out, runs, jobs, progress)

@@ -1,0 +1,853 @@
+"""Batch audits: one YAML config → collected runs → executed notebooks → ``reports/``.
+
+The recipe follows papermill's ``execute_notebook`` (STYLE "papermill"): load the config →
+validate *all* of it (tasks, rules, rule parameters, model paths, notebook parameters)
+before any work → collect the runs that are missing (independent shards, in parallel up
+to ``jobs``; ``decoder.collect`` resumes a run folder) → execute each task's notebooks
+with papermill (a failing notebook is saved with its error and the batch goes on) →
+export HTML with code hidden, write ``summary.json`` per task and ``index.html`` over all
+tasks (``report.py``).
+
+Config schema (version 1), see ``relaxspec_audit/configs/demo.yaml`` for an example::
+
+    batch: demo                  # name: reports go to <out>/<batch>/
+    defaults: {k: 4, limit: 8}   # RunConfig fields shared by every run
+    notebooks: [fidelity, ...]   # which notebooks to render per task (default: all but collect)
+    parameters: {delta: 0.05}    # notebook parameters shared by every task
+    tasks:
+      - task: arith              # registry name or a JSONL path
+        splits: [discovery, confirmation]
+        parameters: {...}        # per-task notebook parameters
+        rules:
+          - rule: nucleus
+            theta: [0.8, 0.9]    # a list is a grid: one run per value
+            temperature: 1.0     # any RunConfig field can be set per rule or per task
+
+Errors name the field by its path in the config, e.g.
+``demo.yaml:14: tasks[1].rules[2].theta: must be in (0, 1], got 1.5``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from relaxspec_audit.config import REPO_ROOT, TARGET_ONLY, ConfigError, RunConfig, task_slug
+
+#: Version of the batch config schema (the ``schema`` key; 1 when absent).
+BATCH_SCHEMA_VERSION = 1
+#: Where the notebooks live (they are not package data: the batch runs from a checkout).
+NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+#: Every notebook the batch can render, in report order.
+NOTEBOOKS = ("collect", "rejection_anatomy", "fidelity", "choose_setting", "signoff")
+#: Rendered per task when the config does not say.
+DEFAULT_NOTEBOOKS = ("rejection_anatomy", "fidelity", "choose_setting", "signoff")
+#: Notebook parameters the batch sets itself; a config may not set them.
+BATCH_PARAMETERS = ("runs_dir", "task", "numbers_path")
+#: Bundled configs (package data).
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+#: The Jupyter kernel papermill starts: ipykernel's native spec runs ``sys.executable``.
+KERNEL_NAME = "python3"
+
+_TOP_KEYS = ("schema", "batch", "defaults", "notebooks", "parameters", "tasks")
+_TASK_KEYS = ("task", "splits", "rules", "parameters")
+# RunConfig fields a config sets per task/rule; task, split, rule and params are structural.
+_RUN_FIELDS = tuple(
+    f.name
+    for f in dataclasses.fields(RunConfig)
+    if f.name not in ("task", "split", "rule", "params")
+)
+_MODEL_FIELDS = ("target", "draft")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class BatchConfigError(ValueError):
+    """An invalid batch config; the message starts with ``[file:line: ]path``."""
+
+    def __init__(
+        self, path: str, message: str, *, source: str | None = None, line: int | None = None
+    ):
+        self.path = path
+        self.message = message
+        self.source = source
+        self.line = line
+        where = ""
+        if source is not None:
+            where = f"{source}:{line}: " if line is not None else f"{source}: "
+        super().__init__(f"{where}{path}: {message}")
+
+
+# --------------------------------------------------------------------------- YAML with lines
+
+
+class _LineDict(dict):
+    """A mapping that remembers the 1-based line of each key (for error messages)."""
+
+    lines: dict[Any, int]
+
+
+class _LineList(list):
+    """A list that remembers the 1-based line of each item."""
+
+    lines: list[int]
+
+
+class _LineLoader(yaml.SafeLoader):
+    pass
+
+
+def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> _LineDict:
+    out = _LineDict()
+    out.lines = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        out[key] = loader.construct_object(value_node, deep=True)
+        out.lines[key] = key_node.start_mark.line + 1
+    return out
+
+
+def _construct_sequence(loader: _LineLoader, node: yaml.SequenceNode) -> _LineList:
+    out = _LineList(loader.construct_object(child, deep=True) for child in node.value)
+    out.lines = [child.start_mark.line + 1 for child in node.value]
+    return out
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
+
+
+def _line(container: Any, key: Any) -> int | None:
+    lines = getattr(container, "lines", None)
+    if lines is None:
+        return None
+    if isinstance(lines, dict):
+        return lines.get(key)
+    return lines[key] if isinstance(key, int) and 0 <= key < len(lines) else None
+
+
+# --------------------------------------------------------------------------- config objects
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """One task of a batch: its runs and the notebook parameters for its reports.
+
+    Attributes:
+        task: task name (or JSONL path) as written in the config.
+        runs: every run the task's reports read, validated.
+        parameters: notebook parameters (config-wide merged with the task's own).
+    """
+
+    task: str
+    runs: tuple[RunConfig, ...]
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def slug(self) -> str:
+        """Folder name of the task under ``reports/<batch>/``."""
+        return task_slug(self.task)
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """A validated batch config.
+
+    Attributes:
+        name: batch name; reports go to ``<out>/<name>/``.
+        tasks: one plan per task, in config order.
+        notebooks: notebook names rendered per task, in report order.
+        source: the YAML file it came from (None for a dict).
+    """
+
+    name: str
+    tasks: tuple[TaskPlan, ...]
+    notebooks: tuple[str, ...] = DEFAULT_NOTEBOOKS
+    source: Path | None = None
+
+    def all_runs(self) -> list[RunConfig]:
+        """Every distinct run of the batch (a run shared by two tasks is collected once)."""
+        seen: dict[str, RunConfig] = {}
+        for plan in self.tasks:
+            for run in plan.runs:
+                seen.setdefault(run.to_json(), run)
+        return list(seen.values())
+
+
+def bundled_config(name: str) -> Path:
+    """Path of a bundled config (``relaxspec_audit/configs/<name>.yaml``)."""
+    path = CONFIG_DIR / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+        raise FileNotFoundError(f"no bundled config {name!r}; bundled: {', '.join(known)}")
+    return path
+
+
+def load_config(config: str | Path | Mapping[str, Any]) -> BatchConfig:
+    """Read and validate a batch config (a YAML path or an already parsed mapping).
+
+    Everything is checked before any work: task names, rule names, rule parameters
+    (through ``rules.make_params``), every RunConfig field (``RunConfig.validate``), model
+    paths, and notebook parameters (against the notebooks' ``parameters`` cells).
+
+    Args:
+        config: path to a YAML file, or a mapping with the same structure.
+
+    Returns:
+        The validated :class:`BatchConfig`.
+
+    Raises:
+        BatchConfigError: naming the file, line and field path of the first problem.
+    """
+    source: str | None = None
+    path: Path | None = None
+    if isinstance(config, str | Path):
+        path = Path(config)
+        source = str(path)
+        if not path.is_file():
+            raise BatchConfigError("<file>", f"no such config file: {source}")
+        try:
+            data = yaml.load(path.read_text(), Loader=_LineLoader)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            raise BatchConfigError(
+                "<yaml>",
+                f"not valid YAML: {exc}",
+                source=source,
+                line=mark.line + 1 if mark is not None else None,
+            ) from exc
+    else:
+        data = config
+    return _Validator(source).batch(data, path)
+
+
+class _Validator:
+    """Walks a parsed config, building plans and raising errors with file:line: path."""
+
+    def __init__(self, source: str | None):
+        self.source = source
+
+    def fail(self, path: str, message: str, container: Any = None, key: Any = None) -> None:
+        raise BatchConfigError(path, message, source=self.source, line=_line(container, key))
+
+    def mapping(
+        self, value: Any, path: str, parent: Any, key: Any, allowed: Sequence[str]
+    ) -> Mapping:
+        if not isinstance(value, Mapping):
+            self.fail(path, f"must be a mapping, got {type(value).__name__}", parent, key)
+        for name in value:
+            if name not in allowed:
+                self.fail(
+                    f"{path}.{name}" if path else str(name),
+                    f"unknown key (known: {', '.join(allowed)})",
+                    value,
+                    name,
+                )
+        return value
+
+    def batch(self, data: Any, path: Path | None) -> BatchConfig:
+        top = self.mapping(data, "", None, None, _TOP_KEYS)
+        schema = top.get("schema", BATCH_SCHEMA_VERSION)
+        if schema != BATCH_SCHEMA_VERSION:
+            self.fail(
+                "schema",
+                f"unsupported version {schema!r} (this is {BATCH_SCHEMA_VERSION})",
+                top,
+                "schema",
+            )
+        name = top.get("batch")
+        if not isinstance(name, str) or not _NAME_RE.match(name):
+            self.fail(
+                "batch",
+                f"must be a name of letters, digits, '_', '.', '-', got {name!r}",
+                top,
+                "batch",
+            )
+        defaults = top.get("defaults", {}) or {}
+        self.mapping(defaults, "defaults", top, "defaults", _RUN_FIELDS)
+        notebooks = self.notebooks(top)
+        shared = self.parameters(top.get("parameters", {}) or {}, "parameters", top, "parameters")
+        tasks = top.get("tasks")
+        if not isinstance(tasks, list) or not tasks:
+            self.fail("tasks", "must be a non-empty list of task entries", top, "tasks")
+        known_tasks = _known_tasks()
+        plans: list[TaskPlan] = []
+        for i, entry in enumerate(tasks):
+            plans.append(self.task(entry, f"tasks[{i}]", tasks, i, defaults, known_tasks, shared))
+        seen: set[str] = set()
+        for i, plan in enumerate(plans):
+            if plan.slug in seen:
+                self.fail(f"tasks[{i}].task", f"task {plan.task!r} appears twice", tasks[i], "task")
+            seen.add(plan.slug)
+        self.notebook_parameters(plans, notebooks, top, tasks)
+        return BatchConfig(name=name, tasks=tuple(plans), notebooks=notebooks, source=path)
+
+    def notebooks(self, top: Mapping) -> tuple[str, ...]:
+        value = top.get("notebooks", list(DEFAULT_NOTEBOOKS))
+        if not isinstance(value, list) or not value:
+            self.fail("notebooks", f"must be a non-empty list, got {value!r}", top, "notebooks")
+        for j, nb in enumerate(value):
+            if nb not in NOTEBOOKS:
+                self.fail(
+                    f"notebooks[{j}]",
+                    f"unknown notebook {nb!r} (known: {', '.join(NOTEBOOKS)})",
+                    value,
+                    j,
+                )
+        return tuple(nb for nb in NOTEBOOKS if nb in value)
+
+    def parameters(self, value: Any, path: str, parent: Any, key: Any) -> dict[str, Any]:
+        if not isinstance(value, Mapping):
+            self.fail(path, f"must be a mapping, got {type(value).__name__}", parent, key)
+        for name in value:
+            if name in BATCH_PARAMETERS:
+                self.fail(
+                    f"{path}.{name}", "is set by the batch runner, not the config", value, name
+                )
+        return dict(value)
+
+    def task(
+        self,
+        entry: Any,
+        path: str,
+        parent: Any,
+        index: int,
+        defaults: Mapping,
+        known_tasks: set[str] | None,
+        shared: dict[str, Any],
+    ) -> TaskPlan:
+        entry = self.mapping(entry, path, parent, index, (*_TASK_KEYS, *_RUN_FIELDS))
+        task = entry.get("task")
+        if not isinstance(task, str) or not task:
+            self.fail(
+                f"{path}.task", f"must be a task name or JSONL path, got {task!r}", entry, "task"
+            )
+        if task.endswith(".jsonl"):
+            if not Path(task).is_file():
+                self.fail(f"{path}.task", f"no such JSONL file: {task}", entry, "task")
+        elif known_tasks is not None and task not in known_tasks:
+            self.fail(
+                f"{path}.task",
+                f"unknown task {task!r} (known: {', '.join(sorted(known_tasks))})",
+                entry,
+                "task",
+            )
+        splits = entry.get("splits", ["discovery", "confirmation"])
+        if not isinstance(splits, list) or not splits:
+            self.fail(
+                f"{path}.splits", f"must be a non-empty list, got {splits!r}", entry, "splits"
+            )
+        rules_ = entry.get("rules")
+        if not isinstance(rules_, list) or not rules_:
+            self.fail(f"{path}.rules", "must be a non-empty list of rule entries", entry, "rules")
+        # Where each run field was set, so an error points at the right line.
+        origin = {k: ("defaults", defaults) for k in defaults}
+        origin.update({k: (path, entry) for k in entry if k in _RUN_FIELDS})
+        base = {k: defaults[k] for k in defaults} | {k: entry[k] for k in entry if k in _RUN_FIELDS}
+        runs: dict[str, RunConfig] = {}
+        for j, rule_entry in enumerate(rules_):
+            for run in self.rule(
+                rule_entry, f"{path}.rules[{j}]", rules_, j, task, splits, entry, base, origin
+            ):
+                runs.setdefault(run.to_json(), run)
+        params = shared | self.parameters(
+            entry.get("parameters", {}) or {}, f"{path}.parameters", entry, "parameters"
+        )
+        return TaskPlan(task=task, runs=tuple(runs.values()), parameters=params)
+
+    def rule(
+        self,
+        entry: Any,
+        path: str,
+        parent: Any,
+        index: int,
+        task: str,
+        splits: list,
+        task_entry: Mapping,
+        base: dict[str, Any],
+        origin: dict[str, tuple[str, Any]],
+    ) -> list[RunConfig]:
+        if isinstance(entry, str):  # `- exact` is short for `- rule: exact`
+            entry = {"rule": entry}
+        if not isinstance(entry, Mapping) or "rule" not in entry:
+            self.fail(
+                path, f"must be a rule name or a mapping with 'rule', got {entry!r}", parent, index
+            )
+        rule = entry["rule"]
+        param_names = _rule_param_names(rule)
+        if param_names is None:
+            self.fail(
+                f"{path}.rule",
+                f"unknown rule {rule!r} (known: {', '.join(_known_rules())})",
+                entry,
+                "rule",
+            )
+        allowed = ("rule", *param_names, *_RUN_FIELDS)
+        self.mapping(entry, path, parent, index, allowed)
+        fields = dict(base)
+        where = dict(origin)
+        for k in entry:
+            if k in _RUN_FIELDS:
+                fields[k] = entry[k]
+                where[k] = (path, entry)
+        if rule in _greedy_only_rules() and "temperature" not in entry:
+            # Greedy-only rules (SPEC §2.2, §2.4) run at temperature 0 unless told otherwise,
+            # so one config can hold the sampling and the greedy families side by side.
+            fields["temperature"] = 0
+        grid = {k: entry[k] for k in param_names if k in entry}
+        for k, v in grid.items():
+            if isinstance(v, list) and not v:
+                self.fail(f"{path}.{k}", "an empty list gives no runs", entry, k)
+        axes = [
+            [(k, i, x) for i, x in enumerate(v)] if isinstance(v, list) else [(k, None, v)]
+            for k, v in grid.items()
+        ]
+        runs: list[RunConfig] = []
+        for combo in itertools.product(*axes):
+            params = {k: x for k, _, x in combo}
+            self.rule_params(rule, params, combo, path, entry)
+            for s, split in enumerate(splits):
+                config = RunConfig(task=task, split=split, rule=rule, params=params, **fields)
+                try:
+                    config.validate()
+                except ConfigError as exc:
+                    if exc.field == "split":
+                        self.fail(
+                            f"{path.rsplit('.rules', 1)[0]}.splits[{s}]",
+                            exc.message,
+                            task_entry.get("splits"),
+                            s,
+                        )
+                    where_path, container = where.get(exc.field, (path, entry))
+                    self.fail(f"{where_path}.{exc.field}", exc.message, container, exc.field)
+                runs.append(self.model_paths(config, where))
+        return runs
+
+    def rule_params(self, rule: str, params: dict, combo: tuple, path: str, entry: Mapping) -> None:
+        if rule == TARGET_ONLY:
+            return
+        from relaxspec_audit import rules  # lazy: rules imports torch
+
+        try:
+            rules.make_params(rule, **params)
+        except (TypeError, ValueError) as exc:
+            message = str(exc)
+            for k, i, _ in combo:
+                if message.startswith(f"{k}:"):
+                    at = f"{path}.{k}" + (f"[{i}]" if i is not None else "")
+                    line = _line(entry[k], i) if i is not None else _line(entry, k)
+                    raise BatchConfigError(
+                        at, message[len(k) + 1 :].strip(), source=self.source, line=line
+                    ) from exc
+            self.fail(path, message, entry, "rule")
+
+    def model_paths(self, config: RunConfig, where: dict[str, tuple[str, Any]]) -> RunConfig:
+        resolved = {}
+        for name in _MODEL_FIELDS:
+            value = getattr(config, name)
+            found = _resolve_model(value)
+            if found is None:
+                where_path, container = where.get(name, ("defaults", None))
+                self.fail(
+                    f"{where_path}.{name}",
+                    f"model path not found: {value!r} (a folder with config.json, relative to "
+                    f"the working directory or the repository; the embedded pair is built by "
+                    f"`make models`)",
+                    container,
+                    name,
+                )
+            resolved[name] = found
+        return dataclasses.replace(config, **resolved)
+
+    def notebook_parameters(
+        self, plans: list[TaskPlan], notebooks: tuple[str, ...], top: Mapping, tasks: list
+    ) -> None:
+        declared = {nb: notebook_parameters(nb) for nb in notebooks}
+        known = sorted(set().union(*declared.values()) - set(BATCH_PARAMETERS))
+        for i, plan in enumerate(plans):
+            for name in plan.parameters:
+                if not any(name in d for d in declared.values()):
+                    own = tasks[i].get("parameters") or {}
+                    path, container = (
+                        (f"tasks[{i}].parameters.{name}", own)
+                        if name in own
+                        else (f"parameters.{name}", top.get("parameters"))
+                    )
+                    self.fail(
+                        path,
+                        f"unknown notebook parameter (notebooks {', '.join(notebooks)} "
+                        f"declare: {', '.join(known)})",
+                        container,
+                        name,
+                    )
+
+
+def _resolve_model(value: str) -> str | None:
+    # A local folder (as given, or relative to the repository for the bundled configs).
+    for candidate in (Path(value).expanduser(), REPO_ROOT / value):
+        if candidate.is_dir():
+            return str(candidate.resolve())
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", value):
+        # A hub id counts when it is already in the local cache (no network in audits).
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            hit = try_to_load_from_cache(value, "config.json")
+        except Exception:
+            hit = None
+        if isinstance(hit, str):
+            return value
+    return None
+
+
+def _known_tasks() -> set[str] | None:
+    try:
+        from relaxspec_audit import tasks
+    except ImportError:  # pragma: no cover (tasks.py is part of the package)
+        return None
+    names = set()
+    for item in tasks.list_tasks():
+        if isinstance(item, Mapping):
+            names.add(str(item["name"]))
+        else:
+            names.add(item if isinstance(item, str) else getattr(item, "name", str(item)))
+    return names
+
+
+def _known_rules() -> list[str]:
+    from relaxspec_audit import rules
+
+    return sorted([*rules.RULES, TARGET_ONLY])
+
+
+def _greedy_only_rules() -> set[str]:
+    from relaxspec_audit import rules
+
+    return {name for name, spec in rules.RULES.items() if spec.greedy_only}
+
+
+def _rule_param_names(rule: Any) -> tuple[str, ...] | None:
+    if rule == TARGET_ONLY:
+        return ()
+    from relaxspec_audit import rules
+
+    if not isinstance(rule, str) or rule not in rules.RULES:
+        return None
+    return tuple(f.name for f in dataclasses.fields(rules.RULES[rule].params_cls))
+
+
+def notebook_path(name: str) -> Path:
+    """Source path of a bundled notebook (``notebooks/<name>.ipynb``)."""
+    if name not in NOTEBOOKS:
+        raise ValueError(f"unknown notebook {name!r} (known: {', '.join(NOTEBOOKS)})")
+    return NOTEBOOK_DIR / f"{name}.ipynb"
+
+
+def notebook_parameters(name: str) -> dict[str, Any]:
+    """Parameters a notebook declares in its ``parameters`` cell, with their defaults.
+
+    Uses ``papermill.inspect_notebook`` (which parses the cell, no kernel), so unknown
+    parameters are rejected before anything runs.
+    """
+    import papermill as pm  # lazy: heavy
+
+    info = pm.inspect_notebook(str(notebook_path(name)))
+    return {k: v.get("default") for k, v in info.items()}
+
+
+# --------------------------------------------------------------------------- running
+
+
+@dataclass
+class NotebookResult:
+    """Outcome of one executed notebook.
+
+    Attributes:
+        name: notebook name.
+        ok: executed without a cell error.
+        ipynb: the executed (or failed) notebook.
+        html: its HTML export (code hidden), None if the export itself failed.
+        error: ``"<ename>: <evalue> (cell <n>)"`` when it failed.
+    """
+
+    name: str
+    ok: bool
+    ipynb: Path
+    html: Path | None
+    error: str | None = None
+
+
+@dataclass
+class TaskResult:
+    """Outcome of one task: its run folders, notebooks, summary and any collection error."""
+
+    task: str
+    run_dirs: list[Path]
+    notebooks: list[NotebookResult]
+    summary_path: Path | None
+    errors: list[str]
+
+    @property
+    def ok(self) -> bool:
+        """Whether everything for this task succeeded."""
+        return not self.errors and all(nb.ok for nb in self.notebooks)
+
+
+@dataclass
+class BatchResult:
+    """Outcome of :func:`run_batch`; ``ok`` is False when any run or notebook failed."""
+
+    name: str
+    report_dir: Path
+    index: Path
+    tasks: list[TaskResult]
+
+    @property
+    def ok(self) -> bool:
+        """Whether every task succeeded."""
+        return all(t.ok for t in self.tasks)
+
+
+def _collect_one(config_json: str, runs_dir: str, threads: int) -> tuple[str, str | None]:
+    """Collect one run (in a worker process); return (run folder, error or None)."""
+    config = RunConfig.from_json(config_json)
+    try:
+        import torch
+
+        torch.set_num_threads(threads)  # share the cores between parallel shards
+        from relaxspec_audit import decoder
+
+        path = decoder.collect(config, Path(runs_dir), resume=True, progress=None)
+        return str(path), None
+    except Exception as exc:
+        return str(config.run_dir(runs_dir)), f"{type(exc).__name__}: {exc}"
+
+
+def collect_runs(
+    configs: Sequence[RunConfig],
+    runs_dir: str | Path,
+    *,
+    jobs: int = 1,
+    on_done: Callable[[RunConfig, Path, str | None], None] | None = None,
+) -> dict[str, tuple[Path, str | None]]:
+    """Collect every run that is missing or unfinished, up to ``jobs`` in parallel.
+
+    Runs are independent shards (DESIGN "Scale"), so they go to a
+    ``ProcessPoolExecutor`` (spawned workers: torch does not survive ``fork`` well);
+    ``jobs=1`` collects in this process. Finished runs are cheap: ``decoder.collect``
+    resumes a run folder and skips finished requests.
+
+    Args:
+        configs: validated run configs.
+        runs_dir: root of the run folders.
+        jobs: parallel worker processes.
+        on_done: called after each run with (config, run folder, error or None).
+
+    Returns:
+        ``{config.to_json(): (run folder, error or None)}``.
+    """
+    if jobs < 1:
+        raise ValueError(f"jobs: must be >= 1, got {jobs}")
+    runs_dir = Path(runs_dir)
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    out: dict[str, tuple[Path, str | None]] = {}
+
+    def done(config: RunConfig, path: str, error: str | None) -> None:
+        out[config.to_json()] = (Path(path), error)
+        if on_done is not None:
+            on_done(config, Path(path), error)
+
+    if jobs == 1 or len(configs) <= 1:
+        for config in configs:
+            done(config, *_collect_one(config.to_json(), str(runs_dir), threads))
+        return out
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+        futures = {
+            pool.submit(_collect_one, c.to_json(), str(runs_dir), threads): c for c in configs
+        }
+        for fut in cf.as_completed(futures):
+            config = futures[fut]
+            try:
+                path, error = fut.result()
+            except Exception as exc:
+                path, error = str(config.run_dir(runs_dir)), f"{type(exc).__name__}: {exc}"
+            done(config, path, error)
+    return out
+
+
+def execute_notebook(
+    name: str,
+    out_dir: str | Path,
+    parameters: Mapping[str, Any],
+    *,
+    kernel_name: str = KERNEL_NAME,
+    cwd: str | Path | None = None,
+) -> NotebookResult:
+    """Execute one notebook with papermill and export it to HTML with code hidden.
+
+    Unknown parameters are rejected before the kernel starts. A cell error does not
+    raise: papermill has saved the failed notebook (with the error in it), which is
+    exported too, and the result says what failed.
+
+    Args:
+        name: notebook name (``NOTEBOOKS``).
+        out_dir: folder for ``<name>.ipynb`` and ``<name>.html``.
+        parameters: injected into the notebook (each must be declared by it).
+        kernel_name: Jupyter kernel (default: ipykernel's native ``python3``, i.e. the
+            interpreter running this function).
+        cwd: working directory of the kernel.
+
+    Returns:
+        The :class:`NotebookResult`.
+
+    Raises:
+        ValueError: a parameter the notebook does not declare.
+    """
+    import papermill as pm  # lazy: heavy
+
+    from relaxspec_audit import report
+
+    declared = notebook_parameters(name)
+    unknown = sorted(set(parameters) - set(declared))
+    if unknown:
+        raise ValueError(
+            f"notebook {name!r}: unknown parameter(s) {', '.join(unknown)} "
+            f"(declared: {', '.join(declared)})"
+        )
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ipynb = out_dir / f"{name}.ipynb"
+    error = None
+    try:
+        pm.execute_notebook(
+            str(notebook_path(name)),
+            str(ipynb),
+            parameters=dict(parameters),
+            kernel_name=kernel_name,
+            progress_bar=False,
+            cwd=str(cwd) if cwd else None,
+        )
+    except pm.PapermillExecutionError as exc:
+        error = f"{exc.ename}: {exc.evalue} (cell {exc.exec_count})"
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    html: Path | None = out_dir / f"{name}.html"
+    try:
+        report.export_html(ipynb, html, title=f"{name.replace('_', ' ')} · {out_dir.name}")
+    except Exception as exc:
+        html = None
+        error = error or f"{type(exc).__name__}: {exc}"
+    return NotebookResult(name=name, ok=error is None, ipynb=ipynb, html=html, error=error)
+
+
+def run_batch(
+    config: str | Path | Mapping[str, Any] | BatchConfig,
+    *,
+    out: str | Path = "reports",
+    runs: str | Path = "runs",
+    jobs: int = 1,
+    progress: bool = True,
+    kernel_name: str = KERNEL_NAME,
+) -> BatchResult:
+    """Run a batch audit end to end (see the module docstring for the recipe).
+
+    Args:
+        config: a YAML path, a parsed mapping, or a :class:`BatchConfig`.
+        out: reports root; this batch writes ``<out>/<batch>/``.
+        runs: run folders root (shared between batches: finished runs are reused).
+        jobs: parallel collection processes.
+        progress: show a ``tqdm.auto`` bar over the whole batch.
+        kernel_name: Jupyter kernel for the notebooks.
+
+    Returns:
+        The :class:`BatchResult`; ``ok`` is False if any run or notebook failed (the
+        batch still finishes every other task).
+
+    Raises:
+        BatchConfigError: the config is invalid (nothing has been run).
+    """
+    from tqdm.auto import tqdm
+
+    from relaxspec_audit import report
+
+    plan = config if isinstance(config, BatchConfig) else load_config(config)
+    runs_dir = Path(runs).resolve()
+    report_dir = Path(out).resolve() / plan.name
+    report_dir.mkdir(parents=True, exist_ok=True)
+    all_runs = plan.all_runs()
+    total = len(all_runs) + len(plan.tasks) * len(plan.notebooks)
+    bar = tqdm(total=total, desc=f"batch {plan.name}", unit="step", disable=not progress)
+
+    def on_done(config: RunConfig, path: Path, error: str | None) -> None:
+        bar.set_postfix_str(f"{config.task}/{config.rule}", refresh=False)
+        bar.update(1)
+
+    collected = collect_runs(all_runs, runs_dir, jobs=jobs, on_done=on_done)
+    results: list[TaskResult] = []
+    for task in plan.tasks:
+        task_dir = report_dir / task.slug
+        task_dir.mkdir(parents=True, exist_ok=True)
+        run_dirs = [collected[r.to_json()][0] for r in task.runs]
+        errors = [
+            f"collect {r.rule} {r.params or ''} split={r.split}: {collected[r.to_json()][1]}"
+            for r in task.runs
+            if collected[r.to_json()][1] is not None
+        ]
+        notebooks: list[NotebookResult] = []
+        for name in plan.notebooks:
+            bar.set_postfix_str(f"{task.slug}/{name}", refresh=False)
+            declared = notebook_parameters(name)
+            params = {k: v for k, v in task.parameters.items() if k in declared}
+            params |= _batch_parameters(declared, runs_dir, task, task_dir, name)
+            notebooks.append(
+                execute_notebook(name, task_dir, params, kernel_name=kernel_name, cwd=task_dir)
+            )
+            bar.update(1)
+        summary_path = task_dir / "summary.json"
+        summary = report.task_summary(
+            runs_dir,
+            task.task,
+            run_dirs=run_dirs,
+            batch=plan.name,
+            errors=errors,
+            notebooks=[_nb_entry(nb, task_dir) for nb in notebooks],
+            parameters=task.parameters,
+        )
+        report.write_json(summary, summary_path)
+        results.append(TaskResult(task.task, run_dirs, notebooks, summary_path, errors))
+    bar.close()
+    index = report.write_index(
+        report_dir, [json.loads(r.summary_path.read_text()) for r in results]
+    )
+    return BatchResult(name=plan.name, report_dir=report_dir, index=index, tasks=results)
+
+
+def _batch_parameters(
+    declared: Mapping[str, Any], runs_dir: Path, task: TaskPlan, task_dir: Path, name: str
+) -> dict[str, Any]:
+    values = {
+        "runs_dir": str(runs_dir),
+        "task": task.task,
+        "numbers_path": str(task_dir / f"{name}.numbers.json"),
+    }
+    return {k: v for k, v in values.items() if k in declared}
+
+
+def _nb_entry(nb: NotebookResult, task_dir: Path) -> dict[str, Any]:
+    return {
+        "name": nb.name,
+        "ok": nb.ok,
+        "html": nb.html.relative_to(task_dir).as_posix() if nb.html else None,
+        "error": nb.error,
+    }
