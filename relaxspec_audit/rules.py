@@ -425,7 +425,8 @@ def es_grid(p: Tensor, q: Tensor, thetas: Any) -> Tensor:
     p_sorted, order = torch.sort(p, dim=-1, descending=True, stable=True)  # [..., V]
     surplus = (q - p).clamp_min(0).gather(-1, order).to(torch.float64)  # [..., V]
     p64 = p_sorted.to(torch.float64)
-    mass_above = torch.cumsum(p64, -1) - p64  # [..., V], non-decreasing
+    # Exclusive cumsum (not cumsum − p, which misplaces exact boundaries), non-decreasing.
+    mass_above = torch.cat([torch.zeros_like(p64[..., :1]), torch.cumsum(p64, -1)[..., :-1]], -1)
     lead = p.shape[:-1]
     grid = thetas.expand(*lead, thetas.numel()).contiguous()  # [..., G]
     # Number of leading tokens with mass_above < θ, capped to the support of p.
