@@ -162,10 +162,10 @@ def cluster_bootstrap_ratio(
 
     Formula (Field & Welsh 2007, "Bootstrapping clustered data", JRSS-B 69(3); Cameron,
     Gelbach & Miller 2008, §3.1 "pairs cluster bootstrap"): draw ``G`` clusters with
-    replacement, ``w_b ~ Multinomial(G, 1/G)``, and recompute
+    replacement (``w_bg`` = times cluster ``g`` is drawn in replicate ``b``) and recompute
     ``r*_b = Σ_g w_bg y_g / Σ_g w_bg n_g``; the interval is the ``α/2`` and ``1 − α/2``
     quantiles of ``r*``, the standard error their standard deviation. Vectorised as one
-    ``[n_boot, G] @ [G]`` product per group. statsmodels has no cluster bootstrap.
+    ``[n_boot, G]`` gather per group. statsmodels has no cluster bootstrap.
 
     Args:
         per_cluster: one row per (by…, cluster) with columns ``num`` and ``den``.
@@ -188,9 +188,9 @@ def cluster_bootstrap_ratio(
         y = part[num].to_numpy().astype(float)  # [G]
         n = part[den].to_numpy().astype(float)  # [G]
         g = len(y)
-        w = rng.multinomial(g, np.full(g, 1.0 / g), size=n_boot).astype(float)  # [n_boot, G]
+        idx = rng.integers(0, g, size=(n_boot, g))  # [n_boot, G] clusters drawn
         with np.errstate(divide="ignore", invalid="ignore"):
-            boot = (w @ y) / (w @ n)  # [n_boot]
+            boot = y[idx].sum(axis=1) / n[idx].sum(axis=1)  # [n_boot]
         boot = boot[np.isfinite(boot)]
         lo, hi = np.quantile(boot, [alpha / 2, 1 - alpha / 2]) if len(boot) else (np.nan,) * 2
         row = dict(zip(by, key, strict=True))
@@ -625,15 +625,34 @@ def accuracy_delta(
 # ----------------------------------------------------------------------------------------
 
 
-def _first_diff(a: Sequence[int] | None, b: Sequence[int] | None) -> int | None:
-    """0-based first index where two token lists differ (None if identical)."""
-    a = np.asarray(a if a is not None else [], dtype=np.int64)
-    b = np.asarray(b if b is not None else [], dtype=np.int64)
-    m = min(len(a), len(b))
-    neq = np.flatnonzero(a[:m] != b[:m])
-    if len(neq):
-        return int(neq[0])
-    return None if len(a) == len(b) else m
+def _first_diff(a: pl.Series, b: pl.Series) -> np.ndarray:
+    """0-based first index where paired token lists differ, −1 if identical.
+
+    If one list is a prefix of the other, the shorter length. Vectorised: both lists are
+    cut to their common length ``m``, flattened, compared, and the first mismatch of each
+    pair found with ``np.minimum.reduceat`` over the flat positions.
+    """
+    la = a.list.len().fill_null(0).to_numpy().astype(np.int64)  # [P]
+    lb = b.list.len().fill_null(0).to_numpy().astype(np.int64)
+    m = np.minimum(la, lb)  # [P]
+    df = pl.DataFrame({"a": a, "b": b, "m": m})
+    # Null lists explode to one null row (dropped); tokens themselves are never null.
+    fa, fb = (
+        df.select(pl.col(c).list.head(pl.col("m")).explode(empty_as_null=False))
+        .to_series()
+        .drop_nulls()
+        .to_numpy()  # [Σm]
+        for c in ("a", "b")
+    )
+    big = np.iinfo(np.int64).max
+    first = np.full(len(m), big, dtype=np.int64)
+    if len(fa):
+        offsets = np.concatenate([[0], np.cumsum(m)[:-1]])  # [P]
+        within = np.arange(len(fa)) - np.repeat(offsets, m)  # position inside its list
+        cand = np.where(fa != fb, within, big)
+        nz = m > 0
+        first[nz] = np.minimum.reduceat(cand, offsets[nz])
+    return np.where(first != big, first, np.where(la != lb, m, -1))
 
 
 def first_divergence(
@@ -650,18 +669,14 @@ def first_divergence(
     """
     by = list(by)
     pairs = pair_requests(requests, reference, ["output_sha256", "output_ids"], by=by)
-    first = [
-        _first_diff(a, b)
-        for a, b in zip(
-            pairs["output_ids_rel"].to_list(), pairs["output_ids_ref"].to_list(), strict=True
-        )
-    ]
+    first = _first_diff(pairs["output_ids_rel"], pairs["output_ids_ref"])
+    first = pl.Series("first_pos", first).replace(-1, None)
     return pairs.select(
         *by,
         "item_id",
         "sample",
         (pl.col("output_sha256_rel") != pl.col("output_sha256_ref")).alias("diverged"),
-        pl.Series("first_pos", first, dtype=pl.Int64),
+        first.cast(pl.Int64),
         pl.col("output_ids_ref").list.len().alias("n_tokens"),
     )
 
@@ -889,20 +904,31 @@ def acceptance_by_position(
     )
 
 
-def _bootstrap_paired_ratio(
-    a_num, a_den, b_num, b_den, alpha: float, n_boot: int, seed: int
+def _paired_ratio_ci(
+    a_num: np.ndarray,
+    a_den: np.ndarray,
+    b_num: np.ndarray,
+    b_den: np.ndarray,
+    alpha: float,
 ) -> tuple[float, float, float]:
-    """``(Σa_num/Σa_den)/(Σb_num/Σb_den)`` with a paired item bootstrap percentile CI."""
-    est = (a_num.sum() / a_den.sum()) / (b_num.sum() / b_den.sum())
+    """``S = (ΣA/ΣB)/(ΣC/ΣD)`` over paired items with a delta-method CI on ``log S``.
+
+    Linearisation (Taylor / delta method for ratios of totals; Cochran 1977, *Sampling
+    Techniques*, §6.4; Wolter 2007, *Introduction to Variance Estimation*, §6.5) with the
+    item as the unit: ``z_i = a_i/ΣA − b_i/ΣB − c_i/ΣC + d_i/ΣD``,
+    ``Var(log S) = n/(n−1) Σ_i z_i²`` (``Σ z_i = 0``), ``CI = S·exp(±t_{1−α/2,n−1}·se)``.
+    """
+    from scipy import stats as sps
+
+    sums = [x.sum() for x in (a_num, a_den, b_num, b_den)]
+    est = (sums[0] / sums[1]) / (sums[2] / sums[3])
     n = len(a_num)
     if n < 2:
         return float(est), float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    w = rng.multinomial(n, np.full(n, 1.0 / n), size=n_boot).astype(float)  # [n_boot, n]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        boot = ((w @ a_num) / (w @ a_den)) / ((w @ b_num) / (w @ b_den))  # [n_boot]
-    lo, hi = np.quantile(boot[np.isfinite(boot)], [alpha / 2, 1 - alpha / 2])
-    return float(est), float(lo), float(hi)
+    z = a_num / sums[0] - a_den / sums[1] - b_num / sums[2] + b_den / sums[3]  # [n]
+    se = math.sqrt(n / (n - 1) * float(np.sum(z**2)))
+    tq = sps.t.ppf(1 - alpha / 2, n - 1)
+    return float(est), float(est * math.exp(-tq * se)), float(est * math.exp(tq * se))
 
 
 def paired_speedup(
@@ -911,14 +937,12 @@ def paired_speedup(
     *,
     by: Sequence[str] = ("task",),
     alpha: float = 0.05,
-    n_boot: int = 2000,
-    seed: int = 0,
 ) -> pl.DataFrame:
     """Speedup of a run over a baseline run on the same items (ratio of paired runs).
 
     ``speedup = (Σ wall_base / Σ tokens_base) / (Σ wall_rel / Σ tokens_rel)`` — the ratio
-    of seconds per token — with a paired cluster bootstrap over items (resampling pairs
-    jointly keeps the pairing; Efron & Tibshirani 1993, §14 on ratio statistics).
+    of seconds per token — with a delta-method interval on ``log speedup`` that treats
+    each item (pair) as the unit, so the pairing is kept (:func:`_paired_ratio_ci`).
 
     Returns:
         Columns ``*by, n_pairs, speedup, ci_low, ci_high``.
@@ -930,9 +954,10 @@ def paired_speedup(
     for key, part in groups.items():
         f = [part[c].cast(pl.Float64).to_numpy() for c in ("wall_s_ref", "n_tokens_ref")]
         g = [part[c].cast(pl.Float64).to_numpy() for c in ("wall_s_rel", "n_tokens_rel")]
-        est, lo, hi = _bootstrap_paired_ratio(*f, *g, alpha, n_boot, seed)
-        rows.append({**dict(zip(by, key, strict=True)), "n_pairs": part.height,
-                     "speedup": est, "ci_low": lo, "ci_high": hi})  # fmt: skip
+        est, lo, hi = _paired_ratio_ci(*f, *g, alpha)
+        row = dict(zip(by, key, strict=True))
+        row.update(n_pairs=part.height, speedup=est, ci_low=lo, ci_high=hi)
+        rows.append(row)
     return pl.DataFrame(rows)
 
 
@@ -1027,6 +1052,13 @@ def speed(
     return out
 
 
+def _blocks_contiguous(lf: pl.LazyFrame, win: list[str]) -> bool:
+    """True when draft rows come block by block, positions 0, 1, … in order."""
+    same = pl.all_horizontal([pl.col(c) == pl.col(c).shift(1) for c in win])
+    ok = (pl.col("pos") == 0) | (same & (pl.col("pos") == pl.col("pos").shift(1) + 1))
+    return bool(lf.select(ok.all()).collect().item())
+
+
 # ----------------------------------------------------------------------------------------
 # Counterfactual NSD sweep from one exact run (first-order)
 # ----------------------------------------------------------------------------------------
@@ -1084,13 +1116,25 @@ def counterfactual_nsd(
         .then(pl.lit(-1.0))
         .otherwise(pl.col("mass_above").cast(pl.Float64))
     )
-    # Inclusive prefix max m_i (accepted iff θ > m_i); exclusive one for "reached".
-    lf = lf.with_columns(t.alias("_t")).with_columns(
-        pl.col("_t").cum_max().over(win, order_by="pos").alias("_m")
-    )
-    lf = lf.with_columns(
-        pl.col("_m").shift(1, fill_value=-1.0).over(win, order_by="pos").alias("_mx")
-    )
+    lf = lf.with_columns(t.alias("_t"))
+    # Inclusive prefix max m_i (accepted iff θ > m_i); exclusive one _mx for "reached".
+    if _blocks_contiguous(lf, win):
+        # Logs are written block by block, so a segmented prefix max needs no window:
+        # offset each block by 3·(block index) (t ∈ [−1, 1]) so one global cum_max never
+        # carries a value across blocks, then remove the offset.
+        seg = (pl.col("pos") == 0).cum_sum().cast(pl.Float64) * 3.0
+        lf = lf.with_columns(((pl.col("_t") + seg).cum_max() - seg).alias("_m"))
+        lf = lf.with_columns(
+            pl.when(pl.col("pos") == 0)
+            .then(pl.lit(-1.0))
+            .otherwise(pl.col("_m").shift(1))
+            .alias("_mx")
+        )
+    else:
+        lf = lf.with_columns(pl.col("_t").cum_max().over(win, order_by="pos").alias("_m"))
+        lf = lf.with_columns(
+            pl.col("_m").shift(1, fill_value=-1.0).over(win, order_by="pos").alias("_mx")
+        )
     aggs = [pl.len().alias("_n"), (pl.col("pos") == 0).sum().alias("_rounds")]
     idx = {}
     for i, th in enumerate(thetas):

@@ -256,7 +256,7 @@ def make_paired_requests(
                 if binary:
                     score = (u < pr[t]).astype(np.float64)
                 else:
-                    score = pr[t] + 0.1 * (u - 0.5)
+                    score = pr[t] + 0.1 * (u - 0.5) + rng.normal(0, 0.05, n_items)
                 n_tok = np.random.default_rng([seed, t, s, 7]).integers(20, 60, n_items)
                 base = [
                     np.random.default_rng([seed, t, s, i]).integers(0, 1000, n)
