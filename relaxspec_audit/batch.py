@@ -544,6 +544,36 @@ def _rule_param_names(rule: Any) -> tuple[str, ...] | None:
     return tuple(f.name for f in dataclasses.fields(rules.RULES[rule].params_cls))
 
 
+def plan_task(
+    task: str,
+    rules: Sequence[Any],
+    *,
+    splits: Sequence[str] = ("discovery", "confirmation"),
+    **defaults: Any,
+) -> TaskPlan:
+    """Plan the runs of one task from rule entries, validated as in a batch config.
+
+    Args:
+        task: task name or JSONL path.
+        rules: rule entries (``"exact"`` or ``{"rule": "nucleus", "theta": [0.8, 0.9]}``).
+        splits: splits to decode.
+        **defaults: RunConfig fields shared by every run (``limit``, ``k``, ...).
+
+    Returns:
+        The task's :class:`TaskPlan`.
+
+    Raises:
+        BatchConfigError: naming the bad field, as for a config file.
+    """
+    data = {
+        "batch": "plan",
+        "defaults": dict(defaults),
+        "notebooks": ["collect"],
+        "tasks": [{"task": task, "splits": list(splits), "rules": list(rules)}],
+    }
+    return load_config(data).tasks[0]
+
+
 def notebook_path(name: str) -> Path:
     """Source path of a bundled notebook (``notebooks/<name>.ipynb``)."""
     if name not in NOTEBOOKS:

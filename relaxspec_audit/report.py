@@ -73,6 +73,8 @@ def _jsonable(value: Any) -> Any:
         return None
     if value is None or isinstance(value, bool | int | float | str):
         return value
+    if hasattr(value, "to_dicts"):  # a polars DataFrame: its records
+        return _jsonable(value.to_dicts())
     if hasattr(value, "to_json"):
         text = value.to_json()
         return json.loads(text) if isinstance(text, str) else _jsonable(text)
@@ -258,3 +260,774 @@ def write_index(report_dir: str | Path, summaries: Sequence[Mapping[str, Any]]) 
 
 def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+# --------------------------------------------------------------------------- run lookup
+
+#: Reference rule of each relaxed rule (SPEC §3): NSD is judged against ``exact`` on the
+#: same random stream, ASD against strict ``greedy``. Other rules: ``exact`` when
+#: sampling, ``greedy`` at temperature 0.
+REFERENCE = {"nucleus": "exact", "asd": "greedy"}
+#: The parameter a setting is chosen over, per rule (the frontier's x).
+KNOB = {
+    "nucleus": "theta",
+    "asd": "budget",
+    "typical": "epsilon",
+    "fuzzy": "threshold",
+    "margin": "theta",
+    "topk": "top_k",
+}
+#: Rules that are references or baselines, never audited as relaxed.
+LOSSLESS = ("exact", "greedy", "target")
+# Config fields two runs must share to be compared request by request (SPEC §4 pairing).
+_PAIR_FIELDS = ("task", "split", "seed", "k", "temperature", "top_k", "top_p",
+                "max_new_tokens", "target", "draft")  # fmt: skip
+
+
+def runs_table(runs_dir: str | Path, task: str | None = None) -> Any:
+    """One row per run folder under ``runs_dir`` (optionally of one task), from manifests.
+
+    Returns:
+        A polars DataFrame with columns ``run_dir, run_id, task, rule, split, knob, value,
+        setting, temperature, seed, k, max_new_tokens, n_requests, status, params``
+        (``params`` as canonical JSON), sorted by rule, value and split.
+
+    Raises:
+        LogError: ``runs_dir`` holds no run folder.
+    """
+    import polars as pl
+
+    from relaxspec_audit import logs
+    from relaxspec_audit.config import task_slug
+
+    rows = []
+    for run_dir in logs.find_runs(runs_dir):
+        manifest = logs.read_manifest(run_dir)
+        cfg = manifest.get("config", {})
+        if task is not None and task_slug(str(cfg.get("task"))) != task_slug(task):
+            continue
+        rule = str(cfg.get("rule"))
+        knob = KNOB.get(rule)
+        value = cfg.get("params", {}).get(knob) if knob else None
+        rows.append(
+            {
+                "run_dir": str(run_dir),
+                "run_id": manifest.get("run_id"),
+                "task": task_slug(str(cfg.get("task"))),
+                "rule": rule,
+                "split": cfg.get("split"),
+                "knob": knob,
+                "value": float(value) if value is not None else None,
+                "setting": setting_label(rule, cfg.get("params", {})),
+                "temperature": float(cfg.get("temperature", 0.0)),
+                "seed": cfg.get("seed"),
+                "k": cfg.get("k"),
+                "max_new_tokens": cfg.get("max_new_tokens"),
+                "n_requests": manifest.get("n_requests"),
+                "status": manifest.get("status"),
+                "params": json.dumps(cfg.get("params", {}), sort_keys=True),
+                "_pair": json.dumps([cfg.get(f) for f in _PAIR_FIELDS]),
+            }
+        )
+    schema = {
+        "run_dir": pl.String, "run_id": pl.String, "task": pl.String, "rule": pl.String,
+        "split": pl.String, "knob": pl.String, "value": pl.Float64, "setting": pl.String,
+        "temperature": pl.Float64, "seed": pl.Int64, "k": pl.Int64, "max_new_tokens": pl.Int64,
+        "n_requests": pl.Int64, "status": pl.String, "params": pl.String, "_pair": pl.String,
+    }  # fmt: skip
+    df = pl.DataFrame(rows, schema=schema)
+    return df.sort(["rule", "value", "split"], nulls_last=True)
+
+
+def setting_label(rule: str, params: Mapping[str, Any]) -> str:
+    """Short label of a rule setting, e.g. ``nucleus θ=0.9`` or ``asd B=8``."""
+    symbols = {"theta": "θ", "budget": "B", "gate": "g", "cap": "M"}
+    if not params:
+        return rule
+    parts = [f"{symbols.get(k, k)}={_fmt(v)}" for k, v in sorted(params.items())]
+    return f"{rule} " + " ".join(parts)
+
+
+def reference_rule(rule: str, temperature: float) -> str:
+    """The lossless rule a relaxed rule is judged against (SPEC §3)."""
+    return REFERENCE.get(rule, "greedy" if temperature == 0 else "exact")
+
+
+def _match(table: Any, row: Mapping[str, Any], rule: str) -> str | None:
+    """Run folder of ``rule`` that pairs with ``row`` (same task items, seed, sampling)."""
+    import polars as pl
+
+    hit = table.filter((pl.col("rule") == rule) & (pl.col("_pair") == row["_pair"]))
+    return hit["run_dir"][0] if hit.height else None
+
+
+def _baseline(table: Any, row: Mapping[str, Any]) -> str | None:
+    """Target-only run of the same split and length (temperature does not matter for speed)."""
+    import polars as pl
+
+    hit = table.filter(
+        (pl.col("rule") == "target")
+        & (pl.col("split").eq_missing(row["split"]))
+        & (pl.col("max_new_tokens") == row["max_new_tokens"])
+    )
+    return hit["run_dir"][0] if hit.height else None
+
+
+# --------------------------------------------------------------------------- audits
+
+
+def audit_table(
+    runs_dir: str | Path,
+    task: str,
+    *,
+    margin: float = 0.02,
+    alpha: float = 0.05,
+    split: str | None = None,
+) -> Any:
+    """Every relaxed run of a task audited against its reference: the frontier's data.
+
+    One ``stats.audit_summary`` per relaxed run (with its paired reference and the
+    target-only baseline when present), flattened to one row; plus one row per reference
+    run itself (``setting`` = the reference rule, delta 0) so the frontier shows it.
+
+    Args:
+        runs_dir: folder of run folders.
+        task: task name.
+        margin: non-inferiority margin δ on the score scale.
+        alpha: 1 − confidence level.
+        split: only this split (None: every split).
+
+    Returns:
+        A polars DataFrame, one row per (rule, setting, split), with columns ``rule,
+        reference, knob, value, setting, split, is_reference, n_requests, tau,
+        speedup_vs_reference, speedup_ci_low, speedup_ci_high, speedup_vs_baseline,
+        accuracy_delta, delta_ci_low, delta_ci_high, p_noninferiority, noninferior,
+        score, divergence, divergence_ci_low, divergence_ci_high, first_pos_median,
+        eps_mean, bound, identical_rate, identical_ci_low, identical_ci_high, run_dir,
+        reference_dir``.
+    """
+    import polars as pl
+
+    from relaxspec_audit import stats
+
+    table = runs_table(runs_dir, task)
+    if split is not None:
+        table = table.filter(pl.col("split") == split)
+    rows = []
+    for row in table.iter_rows(named=True):
+        rule = row["rule"]
+        if rule == "target":
+            continue
+        is_ref = rule in LOSSLESS
+        ref_rule = rule if is_ref else reference_rule(rule, row["temperature"])
+        ref_dir = None if is_ref else _match(table, row, ref_rule)
+        base_dir = _baseline(table, row)
+        summary = stats.audit_summary(
+            [row["run_dir"]], reference=[ref_dir] if ref_dir else None,
+            baseline=[base_dir] if base_dir else None, margin=margin, alpha=alpha,
+        )  # fmt: skip
+        acc = summary.get("accuracy_delta") or {}
+        hd = summary.get("hash_divergence") or {}
+        sp = summary.get("speedup_vs_reference") or {}
+        dev = summary.get("deviation") or {}
+        ref_summary = None
+        if ref_dir is not None:
+            ref_summary = stats.audit_summary([ref_dir], margin=margin, alpha=alpha)
+        score = _mean_score(row["run_dir"])
+        rows.append(
+            {
+                "rule": rule,
+                "reference": ref_rule,
+                "knob": row["knob"],
+                "value": row["value"],
+                "setting": row["setting"],
+                "split": row["split"],
+                "is_reference": is_ref,
+                "n_requests": summary.get("n_requests"),
+                "tau": summary.get("tau_mean"),
+                "tau_reference": (ref_summary or summary).get("tau_mean"),
+                "speedup_vs_reference": 1.0 if is_ref else sp.get("speedup"),
+                "speedup_ci_low": 1.0 if is_ref else sp.get("ci_low"),
+                "speedup_ci_high": 1.0 if is_ref else sp.get("ci_high"),
+                "speedup_vs_baseline": (summary.get("speedup_vs_baseline") or {}).get("speedup"),
+                "accuracy_delta": 0.0 if is_ref and score is not None else acc.get("delta"),
+                "delta_ci_low": acc.get("ci_low"),
+                "delta_ci_high": acc.get("ci_high"),
+                "p_noninferiority": acc.get("p_noninferiority"),
+                "noninferior": acc.get("noninferior"),
+                "score": score,
+                "divergence": 0.0 if is_ref else hd.get("rate"),
+                "divergence_ci_low": hd.get("ci_low"),
+                "divergence_ci_high": hd.get("ci_high"),
+                "first_pos_median": hd.get("first_pos_median"),
+                "eps_mean": dev.get("eps_mean"),
+                "bound": dev.get("bound_product"),
+                "identical_rate": dev.get("identical_rate"),
+                "identical_ci_low": dev.get("ci_low"),
+                "identical_ci_high": dev.get("ci_high"),
+                "run_dir": row["run_dir"],
+                "reference_dir": ref_dir,
+            }
+        )
+    schema = {
+        "rule": pl.String, "reference": pl.String, "knob": pl.String, "value": pl.Float64,
+        "setting": pl.String, "split": pl.String, "is_reference": pl.Boolean,
+        "n_requests": pl.Int64, "tau": pl.Float64, "tau_reference": pl.Float64,
+        "speedup_vs_reference": pl.Float64, "speedup_ci_low": pl.Float64,
+        "speedup_ci_high": pl.Float64, "speedup_vs_baseline": pl.Float64,
+        "accuracy_delta": pl.Float64, "delta_ci_low": pl.Float64, "delta_ci_high": pl.Float64,
+        "p_noninferiority": pl.Float64, "noninferior": pl.Boolean, "score": pl.Float64,
+        "divergence": pl.Float64, "divergence_ci_low": pl.Float64,
+        "divergence_ci_high": pl.Float64, "first_pos_median": pl.Float64,
+        "eps_mean": pl.Float64, "bound": pl.Float64, "identical_rate": pl.Float64,
+        "identical_ci_low": pl.Float64, "identical_ci_high": pl.Float64,
+        "run_dir": pl.String, "reference_dir": pl.String,
+    }  # fmt: skip
+    return pl.DataFrame(rows, schema=schema).sort(
+        ["reference", "is_reference", "rule", "value", "split"],
+        descending=[False, True, False, False, False], nulls_last=True,
+    )  # fmt: skip
+
+
+def _mean_score(run_dir: str) -> float | None:
+    import polars as pl
+
+    from relaxspec_audit import logs
+
+    req = logs.scan([run_dir], "requests").select(pl.col("score").mean()).collect()
+    value = req["score"][0]
+    return float(value) if value is not None else None
+
+
+def manifest_facts(runs_dir: str | Path, task: str) -> dict[str, Any]:
+    """What a sign-off must state about how the runs were made (from their manifests).
+
+    Returns:
+        ``{"models": {...}, "seeds": [...], "k": [...], "temperatures": [...],
+        "package_version", "git_commit", "versions": {...}, "hosts": [...],
+        "n_runs", "started_at", "ended_at", "statuses": {...}}``; values that differ
+        between runs are listed, not hidden.
+    """
+    from relaxspec_audit import logs
+
+    table = runs_table(runs_dir, task)
+    manifests = [logs.read_manifest(d) for d in table["run_dir"].to_list()]
+
+    def distinct(values: Any) -> list[Any]:
+        out = []
+        for v in values:
+            if v not in out:
+                out.append(v)
+        return out
+
+    models = distinct(
+        json.dumps(m.get("models", {}), sort_keys=True, default=str) for m in manifests
+    )
+    statuses: dict[str, int] = {}
+    for m in manifests:
+        statuses[str(m.get("status"))] = statuses.get(str(m.get("status")), 0) + 1
+    commits = distinct(m.get("git_commit") for m in manifests)
+    versions = distinct(json.dumps(m.get("versions", {}), sort_keys=True) for m in manifests)
+    return _jsonable(
+        {
+            "n_runs": len(manifests),
+            "models": [json.loads(x) for x in models],
+            "seeds": distinct(m.get("config", {}).get("seed") for m in manifests),
+            "k": distinct(m.get("config", {}).get("k") for m in manifests),
+            "temperatures": distinct(m.get("config", {}).get("temperature") for m in manifests),
+            "max_new_tokens": distinct(
+                m.get("config", {}).get("max_new_tokens") for m in manifests
+            ),
+            "package_version": distinct(m.get("package_version") for m in manifests),
+            "git_commit": commits[0] if len(commits) == 1 else commits,
+            "versions": [json.loads(x) for x in versions],
+            "hosts": distinct(m.get("host") for m in manifests),
+            "started_at": min((m.get("started_at") or "" for m in manifests), default=None),
+            "ended_at": max((m.get("ended_at") or "" for m in manifests), default=None),
+            "statuses": statuses,
+        }
+    )
+
+
+# --------------------------------------------------------------------------- parameters
+
+_SPLITS = ("discovery", "confirmation")
+
+
+def validate_parameters(**params: Any) -> dict[str, Any]:
+    """Check a notebook's parameters; raise naming the first bad one.
+
+    Known names: ``runs_dir`` (an existing folder with runs of ``task``), ``task``,
+    ``margin`` (≥ 0, score units), ``alpha`` (in (0, 1)), ``thetas`` (non-empty, each in
+    (0, 1]), ``split`` / ``discovery`` / ``confirmation`` (a split name),
+    ``numbers_path`` (str), ``collect`` (bool), ``limit`` / ``k`` / ``max_new_tokens``
+    (int ≥ 1), ``seed`` (int ≥ 0). Unknown names are an error too.
+
+    Returns:
+        The parameters, unchanged.
+
+    Raises:
+        ValueError: ``"<name>: <what is wrong>, got <value>"``.
+    """
+
+    def bad(name: str, what: str) -> None:
+        raise ValueError(f"{name}: {what}, got {params[name]!r}")
+
+    for name, value in params.items():
+        if name == "runs_dir":
+            if not isinstance(value, str | Path) or not value:
+                bad(name, "must be a folder")
+            if params.get("collect") is not True and not Path(value).is_dir():
+                bad(name, "must be an existing folder of run folders")
+        elif name == "task":
+            if not isinstance(value, str) or not value:
+                bad(name, "must be a task name")
+        elif name == "rule":
+            if value not in (*REFERENCE, *KNOB, *LOSSLESS):
+                bad(name, "must be a rule name")
+        elif name == "margin":
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                bad(name, "must be a number >= 0 (score units: 0.02 = 2 points)")
+        elif name == "alpha":
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
+                bad(name, "must be in (0, 1)")
+        elif name == "thetas":
+            if not isinstance(value, list | tuple) or not value:
+                bad(name, "must be a non-empty list")
+            for t in value:
+                if isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t <= 1:
+                    bad(name, f"every θ must be in (0, 1] ({t!r} is not)")
+        elif name in ("split", "discovery", "confirmation"):
+            if value not in _SPLITS:
+                bad(name, f"must be one of {_SPLITS}")
+        elif name == "numbers_path":
+            if not isinstance(value, str | Path):
+                bad(name, "must be a path or ''")
+        elif name == "collect":
+            if not isinstance(value, bool):
+                bad(name, "must be True or False")
+        elif name in ("limit", "k", "max_new_tokens", "seed"):
+            low = 0 if name == "seed" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                bad(name, f"must be an integer >= {low}")
+        elif name == "splits":
+            if not isinstance(value, list | tuple) or not value or set(value) - set(_SPLITS):
+                bad(name, f"must be a non-empty list of {_SPLITS}")
+        elif name == "rules":
+            if not isinstance(value, list) or not value:
+                bad(name, "must be a non-empty list of rule entries")
+        else:
+            raise ValueError(f"{name}: unknown notebook parameter")
+    if "runs_dir" in params and "task" in params and params.get("collect") is not True:
+        from relaxspec_audit import logs
+
+        try:
+            n = runs_table(params["runs_dir"], params["task"]).height
+        except logs.LogError as exc:
+            raise ValueError(f"runs_dir: {exc}") from exc
+        if n == 0:
+            raise ValueError(
+                f"task: no runs of task {params['task']!r} under runs_dir {params['runs_dir']!r}"
+            )
+    return params
+
+
+def run_dirs(
+    runs_dir: str | Path, task: str, *, rule: str | None = None, split: str | None = None
+) -> list[str]:
+    """Run folders of a task, optionally of one rule and one split."""
+    import polars as pl
+
+    table = runs_table(runs_dir, task)
+    if rule is not None:
+        table = table.filter(pl.col("rule") == rule)
+    if split is not None:
+        table = table.filter(pl.col("split") == split)
+    return table["run_dir"].to_list()
+
+
+def label_runs(frame: Any, runs_dir: str | Path, task: str, on: str = "run") -> Any:
+    """Add ``rule``, ``setting`` and ``split`` of each run to a frame keyed by run id.
+
+    ``logs.scan`` adds the run id as ``run``; statistics grouped ``by=["run"]`` keep it.
+    """
+    table = runs_table(runs_dir, task).select(
+        "run_id", "setting", "split", "value", *(["rule"] if "rule" not in frame.columns else [])
+    )
+    return frame.join(table.rename({"run_id": on}), on=on, how="left")
+
+
+def runs_overview(runs_dir: str | Path, task: str) -> Any:
+    """Runs of a task with their speed (``stats.speed`` per run): what ``collect`` shows."""
+    import polars as pl
+
+    from relaxspec_audit import logs, stats
+
+    table = runs_table(runs_dir, task)
+    dirs = table["run_dir"].to_list()
+    spd = stats.speed(logs.scan(dirs, "rounds"), logs.scan(dirs, "requests"), by=["run"])
+    spd = spd.select("run", "tau_mean", "alpha", "tokens_per_s", "passes_per_token")
+    out = table.join(spd.rename({"run": "run_id"}), on="run_id", how="left")
+    return out.select(
+        "rule", "setting", "split", "temperature", "k", "n_requests", "status",
+        "tau_mean", "alpha", "tokens_per_s", "passes_per_token", "run_id",
+    ).sort(["rule", "setting", "split"]).with_columns(pl.col("tau_mean").round(3))  # fmt: skip
+
+
+def first_divergences(runs_dir: str | Path, task: str, *, split: str | None = None) -> Any:
+    """``stats.first_divergence`` of every relaxed run against its reference, labelled.
+
+    Returns:
+        Columns of ``stats.first_divergence`` plus ``rule``, ``setting``, ``split``.
+    """
+    import polars as pl
+
+    from relaxspec_audit import logs, stats
+
+    table = runs_table(runs_dir, task)
+    if split is not None:
+        table = table.filter(pl.col("split") == split)
+    frames = []
+    for row in table.iter_rows(named=True):
+        if row["rule"] in LOSSLESS:
+            continue
+        ref = _match(table, row, reference_rule(row["rule"], row["temperature"]))
+        if ref is None:
+            continue
+        fd = stats.first_divergence(
+            logs.scan([row["run_dir"]], "requests"), logs.scan([ref], "requests"), by=[]
+        )
+        frames.append(
+            fd.with_columns(
+                pl.lit(row["rule"]).alias("rule"),
+                pl.lit(row["setting"]).alias("setting"),
+                pl.lit(row["split"]).alias("split"),
+            )
+        )
+    if not frames:
+        return pl.DataFrame(
+            schema={
+                "item_id": pl.String,
+                "sample": pl.Int64,
+                "diverged": pl.Boolean,
+                "first_pos": pl.Int64,
+                "n_tokens": pl.Int64,
+                "rule": pl.String,
+                "setting": pl.String,
+                "split": pl.String,
+            }
+        )
+    return pl.concat(frames, how="diagonal_relaxed")
+
+
+# --------------------------------------------------------------------------- choice and verdict
+
+#: Fewer paired items than this on a split earns a caveat (wide intervals).
+MIN_ITEMS = 30
+
+
+def recommend(
+    runs_dir: str | Path,
+    task: str,
+    *,
+    margin: float = 0.02,
+    alpha: float = 0.05,
+    discovery: str = "discovery",
+    confirmation: str = "confirmation",
+    table: Any = None,
+) -> list[dict[str, Any]]:
+    """Choose a setting per relaxed rule on ``discovery`` and judge it on ``confirmation``.
+
+    SPEC §3 "Choosing θ or a budget": the chosen setting is the fastest one (speed-up over
+    the reference) that is non-inferior at ``margin`` on the discovery split; it is then
+    judged on the disjoint confirmation split, because a setting picked and judged on
+    the same prompts overstates itself. Verdict: ``go`` when the confirmation run is
+    non-inferior and faster than the reference, ``no-go`` when no setting qualifies on
+    discovery or the confirmation run is not non-inferior or not faster, and
+    ``inconclusive`` when the task has no scorer or a split is missing.
+
+    Args:
+        runs_dir: folder of run folders.
+        task: task name.
+        margin: non-inferiority margin δ (score units).
+        alpha: 1 − confidence level.
+        discovery: split the setting is chosen on.
+        confirmation: split the choice is judged on.
+        table: a precomputed :func:`audit_table` of both splits (else computed).
+
+    Returns:
+        One dict per relaxed rule: ``rule, reference, knob, verdict, chosen ({knob:
+        value} or None), discovery (audit row), confirmation (audit row), frontier
+        (discovery rows), reasons, caveats``.
+    """
+    import polars as pl
+
+    if table is None:
+        table = audit_table(runs_dir, task, margin=margin, alpha=alpha)
+    out = []
+    relaxed = table.filter(~pl.col("is_reference"))
+    for rule in relaxed["rule"].unique(maintain_order=True).to_list():
+        fam = relaxed.filter(pl.col("rule") == rule)
+        disc = fam.filter(pl.col("split") == discovery).sort("value")
+        conf = fam.filter(pl.col("split") == confirmation)
+        knob = fam["knob"][0]
+        scored = disc["accuracy_delta"].is_not_null().any()
+        reasons: list[str] = []
+        caveats: list[str] = []
+        chosen_row = None
+        if disc.height == 0:
+            reasons.append(f"no {rule} run on the {discovery} split")
+        elif scored:
+            ok = disc.filter(pl.col("noninferior").fill_null(False))
+            if ok.height == 0:
+                reasons.append(f"no setting is non-inferior at δ = {margin:g} on {discovery}")
+            else:
+                chosen_row = ok.sort("speedup_vs_reference", descending=True, nulls_last=True).row(
+                    0, named=True
+                )
+        else:
+            caveats.append("the task has no scorer: fidelity is shown by divergence only")
+            chosen_row = disc.sort("speedup_vs_reference", descending=True, nulls_last=True).row(
+                0, named=True
+            )
+        conf_row = None
+        if chosen_row is not None:
+            match = conf.filter(pl.col("setting") == chosen_row["setting"])
+            conf_row = match.row(0, named=True) if match.height else None
+            if conf_row is None:
+                reasons.append(f"the chosen setting has no run on the {confirmation} split")
+        verdict = _verdict(chosen_row, conf_row, scored, reasons)
+        for row, name in ((chosen_row, discovery), (conf_row, confirmation)):
+            if row is not None and scored and (row["n_requests"] or 0) < MIN_ITEMS:
+                caveats.append(
+                    f"only {row['n_requests']} requests on {name}: intervals are wide and "
+                    f"non-inferiority is hard to show"
+                )
+            if (
+                row is not None
+                and row["bound"] is not None
+                and row["identical_ci_high"] is not None
+            ):
+                if row["identical_ci_high"] < row["bound"]:
+                    caveats.append(
+                        f"{name}: measured identical-output rate is below the (1 − ε)^T bound"
+                    )
+        out.append(
+            _jsonable(
+                {
+                    "rule": rule,
+                    "reference": fam["reference"][0],
+                    "knob": knob,
+                    "verdict": verdict,
+                    "chosen": {knob: chosen_row["value"]} if chosen_row else None,
+                    "setting": chosen_row["setting"] if chosen_row else None,
+                    "discovery": _public(chosen_row),
+                    "confirmation": _public(conf_row),
+                    "frontier": [_public(r) for r in disc.iter_rows(named=True)],
+                    "reasons": reasons,
+                    "caveats": caveats,
+                }
+            )
+        )
+    return out
+
+
+def _verdict(chosen: Any, conf: Any, scored: bool, reasons: list[str]) -> str:
+    if chosen is None:
+        return "no-go" if scored else "inconclusive"
+    if conf is None or not scored:
+        return "inconclusive"
+    faster = (conf["speedup_vs_reference"] or 0.0) > 1.0
+    if not conf["noninferior"]:
+        reasons.append("the chosen setting is not non-inferior on the confirmation split")
+    if not faster:
+        reasons.append("the chosen setting is not faster than the reference on confirmation")
+    return "go" if conf["noninferior"] and faster else "no-go"
+
+
+def _public(row: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """An audit row without local paths (summary.json must not depend on the machine)."""
+    if row is None:
+        return None
+    return {k: v for k, v in row.items() if k not in ("run_dir", "reference_dir")}
+
+
+def task_summary(
+    runs_dir: str | Path,
+    task: str,
+    *,
+    margin: float = 0.02,
+    alpha: float = 0.05,
+    batch: str | None = None,
+    run_dirs: Sequence[str | Path] | None = None,
+    errors: Sequence[str] = (),
+    notebooks: Sequence[Mapping[str, Any]] = (),
+    parameters: Mapping[str, Any] | None = None,
+    table: Any = None,
+) -> dict[str, Any]:
+    """The ``summary.json`` of one task (schema in docs/REPORTS.md).
+
+    Args:
+        runs_dir: folder of run folders.
+        task: task name (or JSONL path).
+        margin: non-inferiority margin δ (score units).
+        alpha: 1 − confidence level.
+        batch: batch name (None outside a batch).
+        run_dirs: the runs the batch collected for this task (recorded, not required).
+        errors: collection errors to record; any error makes ``status`` ``failed``.
+        notebooks: ``{name, ok, html, error}`` per rendered notebook.
+        parameters: notebook parameters of the task (``margin`` and ``alpha`` are read
+            from here when given).
+        table: a precomputed :func:`audit_table` of both splits (else computed).
+
+    Returns:
+        A JSON-ready dict; statistics that fail are recorded in ``errors``.
+    """
+    from relaxspec_audit import __version__
+    from relaxspec_audit.config import task_slug
+
+    parameters = dict(parameters or {})
+    margin = float(parameters.get("margin", margin))
+    alpha = float(parameters.get("alpha", alpha))
+    errors = list(errors)
+    families: list[dict[str, Any]] = []
+    facts: dict[str, Any] = {}
+    try:
+        families = recommend(runs_dir, task, margin=margin, alpha=alpha, table=table)
+        facts = manifest_facts(runs_dir, task)
+    except Exception as exc:  # the summary must still be written, saying what failed
+        errors.append(f"summary: {type(exc).__name__}: {exc}")
+    failed_nb = [nb for nb in notebooks if not nb.get("ok")]
+    status = "failed" if errors or failed_nb else "ok"
+    return _jsonable(
+        {
+            "schema": SUMMARY_SCHEMA,
+            "schema_version": SUMMARY_SCHEMA_VERSION,
+            "batch": batch,
+            "task": task,
+            "task_slug": task_slug(task),
+            "generated_at": _now(),
+            "package_version": __version__,
+            "status": status,
+            "margin": margin,
+            "alpha": alpha,
+            "families": families,
+            "manifest": facts,
+            "n_runs": len(run_dirs) if run_dirs is not None else facts.get("n_runs"),
+            "notebooks": list(notebooks),
+            "errors": errors,
+        }
+    )
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def _pct(value: Any, digits: int = 1) -> str:
+    return "–" if value is None else f"{100 * value:.{digits}f}%"
+
+
+def _points(row: Mapping[str, Any] | None) -> str:
+    if not row or row.get("accuracy_delta") is None:
+        return "– (no scorer)"
+    d, lo, hi = row["accuracy_delta"], row.get("delta_ci_low"), row.get("delta_ci_high")
+    ci = f" [{100 * lo:+.1f}, {100 * hi:+.1f}]" if lo is not None and hi is not None else ""
+    return f"{100 * d:+.1f} pt{ci}"
+
+
+def _speed(row: Mapping[str, Any] | None) -> str:
+    if not row or row.get("speedup_vs_reference") is None:
+        return "–"
+    s = f"{row['speedup_vs_reference']:.2f}×"
+    if row.get("speedup_ci_low") is not None and row.get("speedup_ci_high") is not None:
+        s += f" [{row['speedup_ci_low']:.2f}, {row['speedup_ci_high']:.2f}]"
+    return s
+
+
+def choices_markdown(choices: Sequence[Mapping[str, Any]]) -> str:
+    """Markdown table of :func:`recommend` results: choice, discovery and confirmation numbers."""
+    if not choices:
+        return "_No relaxed rule among the runs: nothing to choose._"
+    lines = [
+        "| rule | verdict | chosen | split | speed-up vs ref. [CI] | accuracy Δ [CI] "
+        "| non-inferior | divergence |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for c in choices:
+        for split in ("discovery", "confirmation"):
+            row = c.get(split)
+            lines.append(
+                f"| {c['rule']} vs {c['reference']} | **{c['verdict']}** "
+                f"| {c.get('setting') or '–'} "
+                f"| {split} | {_speed(row)} | {_points(row)} "
+                f"| {'–' if not row else row.get('noninferior')} "
+                f"| {_pct(row.get('divergence')) if row else '–'} |"
+            )
+    notes = [f"- {c['rule']}: {r}" for c in choices for r in [*c["reasons"], *c["caveats"]]]
+    return "\n".join(lines + (["", *notes] if notes else []))
+
+
+def signoff_markdown(summary: Mapping[str, Any]) -> str:
+    """The one-page sign-off text of a task summary: verdicts, numbers, caveats."""
+    out = [
+        f"# Sign-off: `{summary['task']}`",
+        "",
+        f"Non-inferiority margin δ = {100 * summary['margin']:g} points, "
+        f"{100 * (1 - summary['alpha']):g}% intervals. Status: **{summary['status']}**.",
+    ]
+    if not summary.get("families"):
+        out += ["", "_No relaxed rule was audited for this task._"]
+    for fam in summary.get("families", []):
+        conf = fam.get("confirmation")
+        out += [
+            "",
+            f"## {fam['rule']} vs {fam['reference']}: **{fam['verdict'].upper()}**",
+            "",
+            f"- chosen {fam['knob']}: **{fam.get('setting') or 'none'}** (on the discovery split)",
+            f"- speed-up over {fam['reference']} (confirmation): {_speed(conf)}",
+        ]
+        if conf and conf.get("speedup_vs_baseline") is not None:
+            out.append(f"- speed-up over target-only decoding: {conf['speedup_vs_baseline']:.2f}×")
+        if conf and conf.get("tau") is not None:
+            out.append(
+                f"- tokens per target pass τ: {conf['tau']:.2f} "
+                f"(reference {conf.get('tau_reference') or float('nan'):.2f})"
+            )
+        out += [
+            f"- accuracy delta (confirmation): {_points(conf)}",
+            "- outputs differing from the reference: "
+            + (_pct(conf.get("divergence")) if conf else "–"),
+        ]
+        if conf and conf.get("bound") is not None:
+            out.append(
+                f"- (1 − ε)^T bound {_pct(conf['bound'])} vs measured identical "
+                f"{_pct(conf.get('identical_rate'))}"
+            )
+        for r in fam.get("reasons", []):
+            out.append(f"- why: {r}")
+        for c in fam.get("caveats", []):
+            out.append(f"- caveat: {c}")
+    for e in summary.get("errors", []):
+        out.append(f"- **error**: {e}")
+    return "\n".join(out)
+
+
+def manifest_markdown(facts: Mapping[str, Any]) -> str:
+    """The manifest facts a sign-off states: models, revisions, seeds, versions, commit."""
+    if not facts:
+        return "_No manifest facts (no runs)._"
+    lines = ["| fact | value |", "| --- | --- |"]
+    for i, models in enumerate(facts.get("models", [])):
+        for role in ("target", "draft"):
+            info = models.get(role) or {}
+            if isinstance(info, Mapping):
+                desc = ", ".join(f"{k}: {v}" for k, v in info.items() if not isinstance(v, dict))
+            else:
+                desc = str(info)
+            lines.append(f"| {role} model{f' ({i + 1})' if i else ''} | {desc} |")
+    for key in ("seeds", "k", "temperatures", "max_new_tokens", "package_version",
+                "git_commit", "hosts", "n_runs", "statuses", "started_at", "ended_at"):  # fmt: skip
+        lines.append(f"| {key.replace('_', ' ')} | {facts.get(key)} |")
+    for v in facts.get("versions", []):
+        lines.append(f"| versions | {', '.join(f'{k} {x}' for k, x in v.items())} |")
+    return "\n".join(lines)

@@ -1,0 +1,332 @@
+"""Batch configs and the batch runner (project issue 6; DESIGN "The pipeline", "Scale").
+
+Bad configs must fail before any work with a message naming the file, line and field;
+a failing notebook is saved with its error while the other tasks finish and the batch
+reports failure at the end.
+
+The helpers :func:`write_fixture_run` and :func:`fake_collect` are reused by
+``test_notebooks.py`` and ``test_report_browser.py`` (a schema-v1 run written with the
+real ``logs.RunWriter`` from ``_synthetic.make_run`` frames).
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import yaml
+from _synthetic import make_run
+
+from relaxspec_audit import batch, logs
+from relaxspec_audit.config import RunConfig
+
+# ---------------------------------------------------------------------- fixture helpers
+
+
+def write_fixture_run(config: RunConfig, runs_dir: Path, n_requests: int = 6) -> Path:
+    """Write a small schema-v1 run folder for ``config`` with the real RunWriter."""
+    salt = zlib.crc32(json.dumps([config.rule, config.params, config.split]).encode())
+    theta = float(config.params.get("theta", 0.95))
+    frames = make_run(
+        n_requests=n_requests,
+        rounds=4,
+        k=config.k,
+        rule="nucleus" if config.rule == "nucleus" else "exact",
+        theta=theta,
+        theta_grid=config.theta_grid,
+        seed=salt % 1000,
+        run_id=config.run_id(),
+        task=config.task,
+    )
+    run_dir = config.run_dir(runs_dir)
+    manifest = {
+        "config": config.to_dict(),
+        "run_id": config.run_id(),
+        "theta_grid": list(config.theta_grid),
+        "models": {
+            "target": {"path": config.target, "revision": "fixture-target"},
+            "draft": {"path": config.draft, "revision": "fixture-draft"},
+        },
+    }
+    split = config.split or "discovery"
+    with logs.RunWriter(run_dir, manifest, resume=False) as writer:
+        for i in range(n_requests):
+            rid = f"r{i:06d}"
+            new_id = f"{split[:4]}-{i:03d}"
+
+            def cols(table: str, rid: str = rid) -> dict:
+                df = frames[table].filter(pl.col("request_id") == rid).drop("run_id", "request_id")
+                return {c: df[c].to_list() for c in df.columns}
+
+            request = {k: v[0] for k, v in cols("requests").items()}
+            request.update(item_id=new_id, split=split)
+            if config.rule == "asd":
+                rounds = cols("rounds")
+                rounds["spent"] = list(np.cumsum(np.full(len(rounds["round"]), 0.5)))
+            else:
+                rounds = cols("rounds")
+            writer.add(
+                logs.RequestRows(
+                    request_id=new_id, positions=cols("positions"), rounds=rounds, request=request
+                )
+            )
+    return run_dir
+
+
+def fake_collect(config_json: str, runs_dir: str, threads: int) -> tuple[str, str | None]:
+    """Stand-in for ``batch._collect_one`` that writes a fixture run instead of decoding."""
+    config = RunConfig.from_json(config_json)
+    if config.params.get("budget") == 99.0:  # a shard that fails, for the error path
+        return str(config.run_dir(runs_dir)), "RuntimeError: fixture collect failure"
+    return str(write_fixture_run(config, Path(runs_dir))), None
+
+
+def model_dirs(tmp: Path) -> dict[str, str]:
+    """Two fake model folders (a config.json each) so that model paths validate."""
+    out = {}
+    for name in ("target", "draft"):
+        d = tmp / "models" / name
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "config.json").write_text("{}")
+        out[name] = str(d)
+    return out
+
+
+def small_config(tmp: Path, *, notebooks=None, tasks=None, parameters=None) -> dict:
+    """A small valid config: both rule families and the target baseline on `arith`."""
+    rules = [
+        {"rule": "target", "temperature": 0},
+        {"rule": "exact"},
+        {"rule": "nucleus", "theta": [0.8, 0.95]},
+        {"rule": "greedy"},
+        {"rule": "asd", "budget": [2.0, 8.0]},
+    ]
+    return {
+        "batch": "t",
+        "defaults": {**model_dirs(tmp), "limit": 6, "k": 4, "temperature": 1.0, "device": "cpu"},
+        "notebooks": notebooks or ["signoff"],
+        "parameters": parameters or {},
+        "tasks": tasks or [{"task": "arith", "rules": rules}],
+    }
+
+
+def write_yaml(tmp: Path, data: dict) -> Path:
+    path = tmp / "batch.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+# ---------------------------------------------------------------------- validation
+
+
+def test_small_config_expands_grid_and_splits(tmp_path):
+    plan = batch.load_config(small_config(tmp_path))
+    (task,) = plan.tasks
+    # target, exact, nucleus x2, greedy, asd x2 = 7 runs per split, 2 splits.
+    assert len(task.runs) == 14
+    by_rule = {}
+    for r in task.runs:
+        by_rule.setdefault(r.rule, []).append(r)
+    assert sorted(r.params["theta"] for r in by_rule["nucleus"]) == [0.8, 0.8, 0.95, 0.95]
+    # Greedy-only rules default to temperature 0 (SPEC §2.2, §2.4); the others keep 1.0.
+    assert {r.temperature for r in by_rule["asd"] + by_rule["greedy"]} == {0}
+    assert {r.temperature for r in by_rule["nucleus"]} == {1.0}
+    assert {r.split for r in task.runs} == {"discovery", "confirmation"}
+    assert plan.notebooks == ("signoff",)
+
+
+def test_bundled_demo_config_parses():
+    data = yaml.safe_load(batch.bundled_config("demo").read_text())
+    assert data["batch"] == "demo"
+    rules = {r["rule"] for t in data["tasks"] for r in t["rules"]}
+    assert {"exact", "greedy", "nucleus", "asd", "target"} <= rules
+    assert all(t["splits"] == ["discovery", "confirmation"] for t in data["tasks"])
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (
+            lambda c: c["tasks"].append({"task": "nope", "rules": ["exact"]}),
+            "tasks[1].task: unknown task 'nope'",
+        ),
+        (
+            lambda c: c["tasks"][0]["rules"].insert(1, {"rule": "bogus"}),
+            "tasks[0].rules[1].rule: unknown rule 'bogus'",
+        ),
+        (
+            lambda c: c["tasks"].append(
+                {"task": "story", "rules": ["exact", "greedy", {"rule": "nucleus", "theta": 1.5}]}
+            ),
+            "tasks[1].rules[2].theta: must be in (0, 1], got 1.5",
+        ),
+        (
+            lambda c: c["tasks"][0]["rules"][2].update(theta=[0.9, 0.0]),
+            "tasks[0].rules[2].theta[1]: must be in (0, 1]",
+        ),
+        (lambda c: c["tasks"][0]["rules"][4].update(budget=-1.0), "tasks[0].rules[4].budget:"),
+        (
+            lambda c: c["defaults"].update(target="no/such/dir/model"),
+            "defaults.target: model path not found",
+        ),
+        (
+            lambda c: c["tasks"][0].update(draft="missing-draft"),
+            "tasks[0].draft: model path not found",
+        ),
+        (lambda c: c["tasks"][0].update(splits=["train"]), "tasks[0].splits[0]: must be one of"),
+        (lambda c: c["defaults"].update(k=0), "defaults.k: must be an integer >= 1"),
+        (
+            lambda c: c["tasks"][0]["rules"][1].update(temperature=-1),
+            "tasks[0].rules[1].temperature:",
+        ),
+        (
+            lambda c: c["tasks"][0]["rules"][3].update(temperature=1.0),
+            "tasks[0].rules[3].temperature: rule 'greedy' is greedy-only",
+        ),
+        (
+            lambda c: c["tasks"][0]["rules"][2].update(budget=2.0),
+            "tasks[0].rules[2].budget: unknown key",
+        ),
+        (lambda c: c.update(extra=1), "extra: unknown key"),
+        (
+            lambda c: c.update(notebooks=["signoff", "nope"]),
+            "notebooks[1]: unknown notebook 'nope'",
+        ),
+        (
+            lambda c: c["parameters"].update(not_a_param=1),
+            "parameters.not_a_param: unknown notebook parameter",
+        ),
+        (
+            lambda c: c["tasks"][0].update(parameters={"runs_dir": "x"}),
+            "tasks[0].parameters.runs_dir: is set by the batch runner",
+        ),
+        (
+            lambda c: c["tasks"].append({"task": "arith", "rules": ["exact"]}),
+            "tasks[1].task: task 'arith' appears twice",
+        ),
+        (lambda c: c.update(tasks=[]), "tasks: must be a non-empty list"),
+        (lambda c: c.update(batch="a b"), "batch: must be a name"),
+    ],
+)
+def test_bad_config_names_the_field_and_line(tmp_path, mutate, expected):
+    data = small_config(tmp_path)
+    mutate(data)
+    path = write_yaml(tmp_path, data)
+    with pytest.raises(batch.BatchConfigError) as err:
+        batch.load_config(path)
+    message = str(err.value)
+    assert expected in message
+    # file:line: prefix, and the line really holds the named key (or its list item).
+    assert message.startswith(f"{path}:")
+    if err.value.line is not None:
+        line = path.read_text().splitlines()[err.value.line - 1]
+        key = err.value.path.rsplit(".", 1)[-1].split("[")[0]
+        assert key in line or line.lstrip().startswith("-"), (line, err.value.path)
+
+
+def test_bad_config_fails_before_any_work(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(batch, "_collect_one", lambda *a: calls.append(a))
+    data = small_config(tmp_path)
+    # The error is in the LAST task, so nothing of the first may have run.
+    data["tasks"].append({"task": "story", "rules": [{"rule": "nucleus", "theta": 1.5}]})
+    with pytest.raises(batch.BatchConfigError, match=r"tasks\[1\]\.rules\[0\]\.theta"):
+        batch.run_batch(
+            write_yaml(tmp_path, data), out=tmp_path / "reports", runs=tmp_path / "runs"
+        )
+    assert calls == []
+    assert not (tmp_path / "runs").exists()
+    assert not (tmp_path / "reports").exists()
+
+
+def test_cli_batch_reports_bad_config(tmp_path):
+    from click.testing import CliRunner
+
+    from relaxspec_audit.cli import main
+
+    data = small_config(tmp_path)
+    data["tasks"][0]["rules"][4]["budget"] = -2.0
+    result = CliRunner().invoke(
+        main, ["batch", str(write_yaml(tmp_path, data)), "--out", str(tmp_path / "r")]
+    )
+    assert result.exit_code != 0
+    assert "tasks[0].rules[4].budget" in result.output
+    assert not (tmp_path / "r").exists()
+
+
+def test_execute_notebook_rejects_unknown_parameter(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown parameter.*bogus"):
+        batch.execute_notebook("signoff", tmp_path, {"bogus": 1})
+    assert not list(tmp_path.iterdir())  # rejected before papermill wrote anything
+
+
+def test_notebook_parameters_are_declared():
+    for name in batch.NOTEBOOKS:
+        params = batch.notebook_parameters(name)
+        assert {"runs_dir", "task", "numbers_path"} <= set(params), name
+
+
+# ---------------------------------------------------------------------- running
+
+
+def test_collect_runs_in_process_reports_each_shard(tmp_path, monkeypatch):
+    monkeypatch.setattr(batch, "_collect_one", fake_collect)
+    plan = batch.load_config(small_config(tmp_path))
+    seen = []
+    out = batch.collect_runs(
+        plan.all_runs(), tmp_path / "runs", on_done=lambda c, p, e: seen.append(c)
+    )
+    assert len(out) == len(seen) == 14
+    for config in plan.all_runs():
+        path, error = out[config.to_json()]
+        assert error is None
+        assert logs.read_manifest(path)["config"]["rule"] == config.rule
+    with pytest.raises(ValueError, match="jobs"):
+        batch.collect_runs(plan.all_runs(), tmp_path / "runs", jobs=0)
+
+
+@pytest.mark.slow
+def test_failing_notebook_is_saved_and_batch_goes_on(tmp_path, monkeypatch):
+    """Task 0 collects fine; task 1 has a failing shard and a notebook error (bad margin).
+
+    The batch finishes both, writes every summary and the index, and reports failure.
+    """
+    monkeypatch.setattr(batch, "_collect_one", fake_collect)
+    data = small_config(tmp_path)
+    data["tasks"].append(
+        {
+            "task": "story",
+            "rules": [
+                "exact",
+                {"rule": "nucleus", "theta": 0.9},
+                "greedy",
+                {"rule": "asd", "budget": [99.0]},
+            ],
+            "parameters": {"margin": -0.5},  # the validation cell rejects it
+        }
+    )
+    result = batch.run_batch(data, out=tmp_path / "reports", runs=tmp_path / "runs", progress=False)
+    assert not result.ok
+    ok_task, bad_task = result.tasks
+    assert ok_task.ok, [nb.error for nb in ok_task.notebooks]
+    assert not bad_task.ok
+    assert any("fixture collect failure" in e for e in bad_task.errors)
+    (nb,) = bad_task.notebooks
+    assert not nb.ok and "margin" in nb.error
+    # The failed notebook is saved with its error, and exported too.
+    saved = json.loads(nb.ipynb.read_text())
+    outputs = [o for c in saved["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
+    assert any(o.get("output_type") == "error" and "margin" in o.get("evalue", "") for o in outputs)
+    assert nb.html.is_file() and "margin" in nb.html.read_text()
+    summaries = [json.loads(t.summary_path.read_text()) for t in result.tasks]
+    assert [s["status"] for s in summaries] == ["ok", "failed"]
+    assert summaries[1]["notebooks"][0]["ok"] is False
+    index = result.index.read_text()
+    assert "arith" in index and "story" in index and "fixture collect failure" in index
+    # Code cells are hidden in the HTML: no source line of the notebook shows up.
+    html = (result.report_dir / "arith" / "signoff.html").read_text()
+    assert "import relaxspec_audit" not in html and "report.task_summary(" not in html
