@@ -169,6 +169,8 @@ def to_frame(table: str, columns: Mapping[str, Any], run_id: str, request_id: st
             s = pl.Series(name, values).cast(dtype)
         else:
             s = pl.Series(name, values, dtype=dtype, strict=False)
+        if s.dtype != dtype:  # e.g. a list of 1-D arrays reads as a fixed-size Array
+            s = s.cast(dtype)
         series.append(s)
     return pl.DataFrame(series)
 
@@ -238,13 +240,20 @@ class RunWriter:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
-            self.close("complete")
-            return
-        try:  # keep what finished; the original exception is the one to report
+            status = "complete"
+        elif issubclass(exc_type, KeyboardInterrupt):
+            status = "interrupted"
+        else:
+            status = "failed"
+        try:  # keep what finished
             self.flush()
         except Exception:
             self._pending.clear()
-        self.close("failed")
+            self._finish("failed")
+            if exc_type is None:
+                raise
+            return  # the original exception is the one to report
+        self._finish(status)
 
     def add(self, rows: RequestRows) -> None:
         """Queue one finished request; commits a part every ``chunk_size`` requests.
@@ -288,6 +297,9 @@ class RunWriter:
     def close(self, status: str = "complete") -> None:
         """Flush and write the final manifest with ``status`` and the end time."""
         self.flush()
+        self._finish(status)
+
+    def _finish(self, status: str) -> None:
         self.manifest["status"] = status
         self.manifest["ended_at"] = _now()
         self._write_manifest()

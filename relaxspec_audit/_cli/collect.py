@@ -1,0 +1,217 @@
+"""``relaxspec-audit collect``: decode a task under a rule and write per-position logs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from relaxspec_audit.config import (
+    DEFAULT_DRAFT,
+    DEFAULT_TARGET,
+    TARGET_ONLY,
+    ConfigError,
+    RunConfig,
+)
+
+# CLI option -> rule parameter name, per rule (only the options a rule takes are passed on).
+_RULE_OPTIONS: dict[str, dict[str, str]] = {
+    "nucleus": {"theta": "theta"},
+    "margin": {"theta": "theta"},
+    "asd": {"budget": "budget", "gate": "gate", "cap": "cap"},
+    "typical": {"epsilon": "epsilon", "delta": "delta"},
+    "fuzzy": {"divergence": "divergence", "threshold": "threshold"},
+    "topk": {"top_k_accept": "top_k", "ratio": "ratio"},
+}
+
+
+_ALL_RULE_OPTIONS = tuple(dict.fromkeys(o for opts in _RULE_OPTIONS.values() for o in opts))
+
+
+def _rule_params(rule: str, options: dict[str, Any]) -> dict[str, Any]:
+    given = {name for name, value in options.items() if value is not None}
+    allowed = _RULE_OPTIONS.get(rule, {})
+    stray = sorted(given - set(allowed))
+    if stray:
+        flags = ", ".join("--" + s.replace("_", "-") for s in stray)
+        raise click.UsageError(f"{flags}: not a parameter of rule {rule!r}")
+    return {allowed[name]: options[name] for name in given}
+
+
+@click.command("collect")
+@click.option("--task", default="arith", show_default=True, help="Task name or JSONL path.")
+@click.option(
+    "--target", default=DEFAULT_TARGET, help="Target model path or id (default: embedded pair)."
+)
+@click.option(
+    "--draft", default=DEFAULT_DRAFT, help="Draft model path or id (default: embedded pair)."
+)
+@click.option(
+    "--rule",
+    default="exact",
+    show_default=True,
+    help=f"Verification rule, or '{TARGET_ONLY}' for target-only decoding.",
+)
+@click.option("--theta", type=float, help="nucleus: nucleus mass θ; margin: undecided ratio.")
+@click.option("--budget", type=float, help="asd: request regret budget B.")
+@click.option("--gate", type=float, help="asd: local gate g.")
+@click.option("--cap", type=int, help="asd: per-block cap M.")
+@click.option("--epsilon", type=float, help="typical: ε.")
+@click.option("--delta", type=float, help="typical: δ.")
+@click.option("--divergence", type=click.Choice(["kl", "js", "tv"]), help="fuzzy: divergence.")
+@click.option("--threshold", type=float, help="fuzzy: divergence threshold T.")
+@click.option("--top-k-accept", type=int, help="topk: accept drafts within the target's top k.")
+@click.option("--ratio", type=float, help="topk: minimum p(x) / max p.")
+@click.option("--k", "k", default=5, show_default=True, type=int, help="Draft tokens per round.")
+@click.option(
+    "--temperature",
+    type=float,
+    help="Sampling temperature; 0 = greedy. [default: 0 for greedy-only rules, else 1]",
+)
+@click.option("--top-k", type=int, help="Sampling top-k applied to p and q.")
+@click.option("--top-p", type=float, help="Sampling top-p applied to p and q.")
+@click.option(
+    "--seed", default=0, show_default=True, type=int, help="Seed of the coupled random stream."
+)
+@click.option("--limit", type=int, help="Decode at most N items.")
+@click.option("--split", type=click.Choice(["discovery", "confirmation"]), help="Only this split.")
+@click.option("--max-new-tokens", default=64, show_default=True, type=int)
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N.")
+@click.option(
+    "--dtype",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "float32", "float16", "bfloat16"]),
+)
+@click.option(
+    "--log-positions/--no-log-positions",
+    default=True,
+    show_default=True,
+    help="Write the per-position table.",
+)
+@click.option(
+    "--resume/--no-resume",
+    default=True,
+    show_default=True,
+    help="Skip requests already in the run folder.",
+)
+@click.option(
+    "--chunk-size",
+    default=16,
+    show_default=True,
+    type=int,
+    help="Requests per committed Parquet part.",
+)
+@click.option(
+    "--out",
+    default="runs",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Parent folder of run folders.",
+)
+@click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
+def collect(**opts: Any) -> None:
+    """Decode a task under a verification rule and write per-position logs (Parquet)."""
+    rule_opts = {name: opts.pop(name) for name in _ALL_RULE_OPTIONS}
+    rule = opts["rule"]
+    temperature = opts["temperature"]
+    if temperature is None:
+        temperature = 0.0 if rule in ("greedy", "asd") else 1.0
+    try:
+        config = RunConfig(
+            task=opts["task"],
+            split=opts["split"],
+            limit=opts["limit"],
+            target=opts["target"],
+            draft=opts["draft"],
+            rule=rule,
+            params=_rule_params(rule, rule_opts),
+            k=opts["k"],
+            temperature=temperature,
+            top_k=opts["top_k"],
+            top_p=opts["top_p"],
+            max_new_tokens=opts["max_new_tokens"],
+            seed=opts["seed"],
+            device=opts["device"],
+            dtype=opts["dtype"],
+            log_positions=opts["log_positions"],
+        ).validate()
+    except ConfigError as exc:
+        raise click.BadParameter(exc.message, param_hint=f"'{exc.field}'") from exc
+
+    from relaxspec_audit import decoder  # heavy: torch, transformers
+
+    bar = _Progress(enabled=opts["progress"])
+    try:
+        run_dir = decoder.collect(
+            config,
+            opts["out"],
+            resume=opts["resume"],
+            progress=bar.update,
+            chunk_size=opts["chunk_size"],
+        )
+    except (decoder.DecodeError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        bar.close()
+    click.echo(run_dir)
+    click.echo(summary_line(run_dir))
+
+
+class _Progress:
+    """tqdm bar of requests done, with tokens/s and mean τ in the postfix."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.bar: Any = None
+
+    def update(self, totals: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=totals["total"], initial=totals["done"], unit="req")
+        self.bar.n = totals["done"]
+        passes = max(totals["passes"], 1)
+        wall = max(totals["wall_s"], 1e-9)
+        self.bar.set_postfix(
+            tok_s=f"{totals['tokens'] / wall:.1f}", tau=f"{totals['tokens'] / passes:.2f}"
+        )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def summary_line(run_dir: Any) -> str:
+    """One line over the whole run: requests, tokens, mean τ, acceptance rate, tokens/s."""
+    import polars as pl
+
+    from relaxspec_audit import logs
+
+    req = (
+        logs.scan(run_dir, "requests")
+        .select(
+            pl.len().alias("n"),
+            pl.col("n_tokens").sum().alias("tokens"),
+            pl.col("target_passes").sum().alias("passes"),
+            pl.col("wall_s").sum().alias("wall"),
+        )
+        .collect()
+        .row(0, named=True)
+    )
+    rounds = (
+        logs.scan(run_dir, "rounds")
+        .select(pl.col("accepted").sum().alias("acc"), pl.col("k").sum().alias("k"))
+        .collect()
+        .row(0, named=True)
+    )
+    tokens = req["tokens"] or 0
+    tau = tokens / req["passes"] if req["passes"] else float("nan")
+    acc = (rounds["acc"] or 0) / rounds["k"] if rounds["k"] else float("nan")
+    tps = tokens / req["wall"] if req["wall"] else float("nan")
+    return (
+        f"requests {req['n']}  tokens {tokens}  mean tau {tau:.2f}  "
+        f"acceptance {acc:.3f}  tokens/s {tps:.1f}"
+    )

@@ -1,0 +1,857 @@
+"""The logging speculative decoder: a target + draft pair, KV-cache rollback, coupled randomness.
+
+One round (SPEC §1): the draft proposes ``K`` tokens autoregressively with its KV cache;
+the target scores the last emitted token and the ``K`` drafts in ONE forward pass with its
+KV cache, giving ``p_1..p_{K+1}``; the rule of ``rules.py`` accepts a prefix of length
+``a`` and emits a recovery (``a < K``) or bonus token; both caches are cropped back to the
+emitted sequence (never recomputed). The emitted token is fed at the start of the next round.
+
+Cache invariant: between rounds both caches hold every token of ``prompt + output`` except
+the last one. The draft never ran on ``x_K``; when all ``K`` drafts were accepted its cache
+is one token short and the next round feeds it ``[x_K, bonus]``.
+
+Randomness is coupled (SPEC §4): every draw is ``rng.uniforms(seed, request_key, abs_pos,
+purpose)`` used through the inverse CDF, so runs of different rules with one seed share
+their stream position by position. The ``K + 1`` uniforms of each purpose are drawn on the
+host with numpy and copied to the device in one transfer per round.
+
+Logging stays on the device: the rule's ``diag`` tensors, the statistics of the emitted
+token (``rules.token_stats``) and ``E_S`` on the θ grid (``rules.es_grid``) are concatenated
+into one tensor and copied to the host once per round. With ``log_positions=False`` only the
+accepted length, the drafts and the emitted token travel.
+
+A round that would overshoot ``max_new_tokens`` or runs past an EOS is truncated: only
+the emitted tokens are kept; the draft rows after the cut and the recovery/bonus row of
+that round are not logged (they were never emitted).
+
+torch and transformers are imported inside functions (the CLI's ``--help`` must not pay).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from relaxspec_audit import rng
+from relaxspec_audit.config import TARGET_ONLY, RunConfig
+from relaxspec_audit.logs import RequestRows, output_sha256
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "DecodeError",
+    "Pair",
+    "collect",
+    "decode_request",
+    "load_pair",
+    "make_pair",
+    "resolve_device",
+    "resolve_dtype",
+    "transform_logits",
+]
+
+# Per-position diagnostics of the rule (BlockResult.diag), in the order they travel to the
+# host; `cause` is an int64 Cause code, booleans travel as 0/1.
+_DIAG_KEYS = (
+    "p",
+    "q",
+    "p_max",
+    "rank",
+    "mass_above",
+    "entropy_p",
+    "entropy_q",
+    "tv_pq",
+    "regret",
+    "target_argmax",
+    "passed_ratio",
+    "in_nucleus",
+    "accepted",
+    "cause",
+)
+# rules.token_stats of the emitted (recovery/bonus) token, in transfer order.
+_EMIT_KEYS = (
+    "p",
+    "q",
+    "p_max",
+    "rank",
+    "mass_above",
+    "entropy_p",
+    "entropy_q",
+    "tv_pq",
+    "regret",
+    "target_argmax",
+    "in_nucleus",
+)
+_INT_COLS = ("rank", "target_argmax")
+_BOOL_COLS = ("passed_ratio", "in_nucleus", "accepted")
+
+
+class DecodeError(ValueError):
+    """A model pair or a request that cannot be decoded (mismatched vocabularies, ...)."""
+
+
+@dataclass
+class Pair:
+    """A loaded target + draft pair on one device.
+
+    Attributes:
+        target: the target causal LM (eval mode).
+        draft: the draft causal LM, or None for target-only decoding.
+        tokenizer: the shared tokenizer (None: prompts must be token ids).
+        device: the torch device both models live on.
+        dtype: the models' torch dtype.
+        vocab_size: ``V``, the number of logit columns compared between the two models.
+        eos_ids: token ids that end a request.
+        info: description for the manifest (paths, config hashes, revisions, tokenizer).
+    """
+
+    target: Any
+    draft: Any | None
+    tokenizer: Any | None
+    device: Any
+    dtype: Any
+    vocab_size: int
+    eos_ids: frozenset[int]
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """``"auto"`` → cuda if available, else cpu; anything else as torch reads it."""
+    import torch
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DecodeError(f"device: {device!r} asked but CUDA is not available")
+    return dev
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """``"auto"`` → float32 on cpu, bfloat16 on cuda (float16 where bf16 is unsupported)."""
+    import torch
+
+    if dtype == "auto":
+        if device.type != "cuda":
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if dtype not in ("float32", "float16", "bfloat16"):
+        raise DecodeError(f"dtype: must be auto, float32, float16 or bfloat16, got {dtype!r}")
+    return getattr(torch, dtype)
+
+
+def _logit_size(model: Any) -> int:
+    head = model.get_output_embeddings()
+    if head is not None and getattr(head, "weight", None) is not None:
+        return int(head.weight.shape[0])
+    return int(model.config.get_text_config().vocab_size)
+
+
+def _model_info(model: Any, source: str | None) -> dict[str, Any]:
+    cfg = model.config
+    cfg_json = cfg.to_json_string(use_diff=False)
+    return {
+        "path": source or getattr(cfg, "_name_or_path", None),
+        "class": type(model).__name__,
+        "model_type": getattr(cfg, "model_type", None),
+        "vocab_size": _logit_size(model),
+        "n_params": int(sum(t.numel() for t in model.parameters())),
+        "config_sha256": hashlib.sha256(cfg_json.encode()).hexdigest(),
+        "revision": getattr(cfg, "_commit_hash", None),
+    }
+
+
+def _eos_ids(target: Any, tokenizer: Any | None) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (getattr(target, "generation_config", None), target.config):
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, list | tuple):
+            ids.update(int(e) for e in eos)
+    if not ids and tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)
+
+
+def make_pair(
+    target: Any,
+    draft: Any | None,
+    tokenizer: Any | None = None,
+    *,
+    sources: tuple[str | None, str | None] = (None, None),
+) -> Pair:
+    """Wrap two already loaded models as a :class:`Pair` after checking their vocabularies.
+
+    The logit sizes must agree. Real pairs sometimes pad the embedding matrix differently
+    (e.g. 152064 vs 151936 rows); that is accepted only when the shared tokenizer covers
+    fewer ids than both, and ``V`` is then the smaller size (padded ids are never produced).
+
+    Raises:
+        DecodeError: mismatched vocabularies (both sizes named) or models on two devices.
+    """
+    v_target = _logit_size(target)
+    vocab = v_target
+    if draft is not None:
+        v_draft = _logit_size(draft)
+        if v_draft != v_target:
+            n_tok = len(tokenizer) if tokenizer is not None else None
+            if n_tok is None or n_tok > min(v_target, v_draft):
+                raise DecodeError(
+                    f"vocabulary mismatch: target has {v_target} logits, draft has {v_draft}"
+                    f" (tokenizer: {n_tok if n_tok is not None else 'none'} ids); speculative"
+                    " decoding needs a pair that shares one vocabulary"
+                )
+            vocab = min(v_target, v_draft)
+        t_dev = next(target.parameters()).device
+        d_dev = next(draft.parameters()).device
+        if t_dev != d_dev:
+            raise DecodeError(f"target is on {t_dev} but draft is on {d_dev}")
+    target.eval()
+    if draft is not None:
+        draft.eval()
+    param = next(target.parameters())
+    info = {
+        "target": _model_info(target, sources[0]),
+        "draft": _model_info(draft, sources[1]) if draft is not None else None,
+        "vocab_size": vocab,
+        "tokenizer": None
+        if tokenizer is None
+        else {
+            "class": type(tokenizer).__name__,
+            "name_or_path": getattr(tokenizer, "name_or_path", None),
+            "len": len(tokenizer),
+        },
+        "device": str(param.device),
+        "dtype": str(param.dtype).removeprefix("torch."),
+    }
+    return Pair(
+        target=target,
+        draft=draft,
+        tokenizer=tokenizer,
+        device=param.device,
+        dtype=param.dtype,
+        vocab_size=vocab,
+        eos_ids=_eos_ids(target, tokenizer),
+        info=info,
+    )
+
+
+def load_tokenizer(source: str) -> Any:
+    """Load a tokenizer; a plain ``tokenizer.json`` is used exactly as saved.
+
+    transformers 5 maps a saved generic fast tokenizer (``tokenizer_class`` =
+    ``TokenizersBackend`` / ``PreTrainedTokenizerFast``) to the model type's own tokenizer
+    class, which can replace the saved pre-tokenizer (a Qwen2 config turns a character
+    tokenizer into a byte-level one). Such folders are loaded with the generic class.
+    """
+    from transformers import AutoTokenizer
+
+    cfg_path = Path(source) / "tokenizer_config.json"
+    if cfg_path.is_file():
+        cls_name = json.loads(cfg_path.read_text()).get("tokenizer_class")
+        if cls_name in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+            import transformers
+
+            cls = getattr(transformers, "TokenizersBackend", None)
+            cls = cls or transformers.PreTrainedTokenizerFast
+            return cls.from_pretrained(source)
+    return AutoTokenizer.from_pretrained(source)
+
+
+def load_pair(
+    target: str,
+    draft: str | None,
+    device: str = "auto",
+    dtype: str = "auto",
+    tokenizer: str | None = None,
+) -> Pair:
+    """Load a target and a draft causal LM (``AutoModelForCausalLM``) on one device.
+
+    Args:
+        target: path or hub id of the target.
+        draft: path or hub id of the draft; None for target-only decoding.
+        device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
+        dtype: ``"auto"`` or a dtype name (see :func:`resolve_dtype`).
+        tokenizer: where to load the tokenizer from (default: the target, then the draft).
+
+    Raises:
+        DecodeError: a path that does not exist, no tokenizer, or mismatched vocabularies.
+    """
+    from transformers import AutoModelForCausalLM
+
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    for name, path in (("target", target), ("draft", draft)):
+        if path is not None and path.startswith(("/", ".")) and not Path(path).exists():
+            raise DecodeError(f"{name}: no model at {path}")
+    tok = None
+    errors = []
+    for source in [tokenizer] if tokenizer else [target, draft]:
+        if source is None:
+            continue
+        try:
+            tok = load_tokenizer(source)
+            break
+        except (OSError, ValueError, TypeError) as exc:
+            errors.append(f"{source}: {exc}")
+    if tok is None:
+        raise DecodeError("no tokenizer found: " + "; ".join(errors))
+
+    def load(path: str) -> Any:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+        return model.to(dev).eval()
+
+    draft_model = load(draft) if draft is not None else None
+    return make_pair(load(target), draft_model, tok, sources=(target, draft))
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+def transform_logits(
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> torch.Tensor:
+    """The sampling transform shared by p and q: temperature, top-k, top-p, softmax.
+
+    Temperature 0 is greedy mode: p and q are ``softmax(logits)`` at temperature 1, kept
+    for diagnostics and distribution-based rules (docs/ARCHITECTURE.md, greedy mode).
+
+    Args:
+        logits: ``[..., V]`` raw logits.
+        temperature: ≥ 0.
+        top_k: keep the k most likely tokens (ties by id, as the stable sort orders them).
+        top_p: keep the smallest most-likely set with mass ≥ top_p.
+
+    Returns:
+        ``[..., V]`` float32 probabilities.
+    """
+    import torch
+
+    z = logits.float()
+    if temperature == 0:
+        return torch.softmax(z, dim=-1)
+    z = z / temperature
+    if top_k is not None and top_k < z.shape[-1]:
+        kth = torch.topk(z, top_k, dim=-1).values[..., -1:]  # [..., 1]
+        z = z.masked_fill(z < kth, -math.inf)
+    if top_p is not None and top_p < 1.0:
+        probs = torch.softmax(z, dim=-1)
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+        # keep a token iff the mass strictly before it is < top_p (the top-p nucleus)
+        drop_sorted = (torch.cumsum(sorted_p, -1) - sorted_p) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        z = z.masked_fill(drop, -math.inf)
+    return torch.softmax(z, dim=-1)
+
+
+# ----------------------------------------------------------------------------- decoding
+
+
+def _new_cache(model: Any) -> Any:
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # older transformers without the config argument
+        return DynamicCache()
+
+
+def _crop(cache: Any, length: int) -> None:
+    """Roll a cache back to its first ``length`` tokens (no recompute)."""
+    remove = cache.get_seq_length() - length
+    if remove > 0:
+        # transformers 5 takes a negative count; older versions read a negative
+        # max_length the same way, so one call covers both.
+        cache.crop(-remove)
+
+
+class _Timer:
+    """Wall-clock sections; synchronises CUDA only when timing is on."""
+
+    def __init__(self, device: Any, enabled: bool):
+        self.cuda = enabled and device.type == "cuda"
+        self.enabled = enabled
+
+    def now(self) -> float:
+        if not self.enabled:
+            return 0.0
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+
+@functools.cache
+def _cache_kwarg(model_cls: type) -> str:
+    # transformers >= 5.2x names the argument `cache` and deprecates `past_key_values`.
+    params = inspect.signature(model_cls.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _forward(model: Any, ids: torch.Tensor, cache: Any, keep: int) -> torch.Tensor:
+    kwargs = {_cache_kwarg(type(model)): cache}
+    return model(input_ids=ids, use_cache=True, logits_to_keep=keep, **kwargs).logits
+
+
+def _prefill(model: Any, prompt: torch.Tensor, cache: Any) -> None:
+    # Every prompt token but the last: the last one is fed with the round's first pass.
+    if prompt.shape[1] > 1:
+        _forward(model, prompt[:, :-1], cache, keep=1)
+
+
+def _rule_theta(config: RunConfig) -> float:
+    from relaxspec_audit.rules import DEFAULT_THETA
+
+    if config.rule == "nucleus":
+        return float(config.params.get("theta", DEFAULT_THETA))
+    return DEFAULT_THETA
+
+
+def decode_request(
+    pair: Pair,
+    prompt_ids: list[int],
+    config: RunConfig,
+    request_id: str,
+    *,
+    timing: bool = True,
+    rule_fn: Callable[..., Any] | None = None,
+) -> RequestRows:
+    """Decode one request under ``config.rule`` and return its log rows.
+
+    Args:
+        pair: the loaded pair (:func:`load_pair` / :func:`make_pair`).
+        prompt_ids: the prompt's token ids (at least one).
+        config: the run configuration (rule, params, K, sampling, seed, ...).
+        request_id: the request key; it keys the coupled random stream (SPEC §4).
+        timing: measure ``draft_s`` / ``verify_s`` (synchronises CUDA when on).
+        rule_fn: replace the registered rule function (tests of deliberately broken rules).
+
+    Returns:
+        ``positions``, ``rounds`` and the ``requests`` row (without item, task, split,
+        text and score, which :func:`collect` adds).
+    """
+    import torch
+
+    if not prompt_ids:
+        raise DecodeError(f"request {request_id}: empty prompt (no token ids)")
+    t_start = time.perf_counter()
+    with torch.inference_mode():
+        if config.rule == TARGET_ONLY:
+            out = _decode_target_only(pair, prompt_ids, config, request_id, timing)
+        else:
+            if pair.draft is None:
+                raise DecodeError(f"rule {config.rule!r} needs a draft model; the pair has none")
+            out = _decode_speculative(pair, prompt_ids, config, request_id, timing, rule_fn)
+    output_ids, stop, passes, positions, rounds = out
+    request = {
+        "prompt_ids": list(map(int, prompt_ids)),
+        "output_ids": output_ids,
+        "output_sha256": output_sha256(output_ids),
+        "n_tokens": len(output_ids),
+        "stop": stop,
+        "target_passes": passes,
+        "wall_s": time.perf_counter() - t_start,
+    }
+    return RequestRows(request_id, positions, rounds, request)
+
+
+def _host_uniforms(config: RunConfig, key: int, start: int, n: int) -> np.ndarray:
+    pos = np.arange(start, start + n, dtype=np.int64)
+    return np.stack(
+        [
+            rng.uniforms(config.seed, key, pos, rng.Purpose.DRAFT),
+            rng.uniforms(config.seed, key, pos, rng.Purpose.ACCEPT),
+            rng.uniforms(config.seed, key, pos, rng.Purpose.SAMPLE),
+        ]
+    )  # [3, n]
+
+
+def _decode_speculative(
+    pair: Pair,
+    prompt_ids: list[int],
+    config: RunConfig,
+    request_id: str,
+    timing: bool,
+    rule_fn: Callable[..., Any] | None,
+) -> tuple[list[int], str, int, dict[str, Any], dict[str, Any]]:
+    import torch
+
+    from relaxspec_audit import rules
+
+    dev, v, k = pair.device, pair.vocab_size, config.k
+    spec = rules.RULES[config.rule]
+    fn = rule_fn or spec.fn
+    params = config.rule_params()
+    greedy = config.greedy
+    theta = _rule_theta(config)
+    grid = list(config.theta_grid)
+    n_grid = len(grid)
+    log = config.log_positions
+    key = rng.request_key(request_id)
+    timer = _Timer(dev, timing)
+
+    prompt = torch.tensor([prompt_ids], dtype=torch.long, device=dev)  # [1, L]
+    t_cache, d_cache = _new_cache(pair.target), _new_cache(pair.draft)
+    _prefill(pair.target, prompt, t_cache)
+    _prefill(pair.draft, prompt, d_cache)
+    seq = list(map(int, prompt_ids))  # prompt + output, host side
+    n_prompt = len(seq)
+    state = None  # per-request rule state (the ASD ledger `spent`)
+    pos_rows: list[dict[str, np.ndarray]] = []
+    round_rows: list[tuple] = []
+    stop = "length"
+    passes = 0
+
+    while len(seq) - n_prompt < config.max_new_tokens:
+        start = len(seq) - n_prompt  # abs_pos of x_1
+        u_host = _host_uniforms(config, key, start, k + 1)  # [3, K+1]
+        u_dev = torch.from_numpy(u_host).to(dev, non_blocking=True)  # one transfer
+        t0 = timer.now()
+        # --- draft: K tokens autoregressively; feed what its cache lacks (1 or 2 tokens)
+        feed = torch.tensor([seq[d_cache.get_seq_length() :]], dtype=torch.long, device=dev)
+        drafts, q_rows = [], []
+        for i in range(k):
+            logits = _forward(pair.draft, feed, d_cache, keep=1)[:, -1, :v]  # [1, V]
+            q_i = transform_logits(logits, config.temperature, config.top_k, config.top_p)
+            if greedy:
+                x_i = logits.argmax(-1)  # [1]
+            else:
+                x_i = rng.sample_icdf(q_i, u_dev[0, i : i + 1])  # [1]
+            drafts.append(x_i)
+            q_rows.append(q_i)
+            feed = x_i.view(1, 1)
+        drafts_t = torch.stack(drafts, 1)  # [1, K]
+        q = torch.stack(q_rows, 1)  # [1, K, V]
+        t1 = timer.now()
+        # --- verify: last emitted token + K drafts in ONE target pass
+        t_in = torch.cat([torch.tensor([[seq[-1]]], device=dev), drafts_t], 1)  # [1, K+1]
+        z = _forward(pair.target, t_in, t_cache, keep=0)[..., :v].float()  # [1, K+1, V]
+        passes += 1
+        p = transform_logits(z, config.temperature, config.top_k, config.top_p)  # [1, K+1, V]
+        block = rules.Block(
+            drafts=drafts_t,
+            p=p,
+            q=q,
+            target_logits=z,
+            u_accept=u_dev[1:2, :k],
+            u_sample=u_dev[2:3, :],
+            greedy=greedy,
+        )
+        res = fn(block, params, state)
+        state = res.state
+        spent = (
+            res.state.to(torch.float64)
+            if res.state is not None
+            else torch.full((1,), math.nan, dtype=torch.float64, device=dev)
+        )
+        head = [drafts_t[0].double(), res.accepted.double(), res.token.double(), spent]
+        if log:
+            a = res.accepted  # [1]
+            p_row = p[0, a]  # [1, V], row K is the bonus distribution
+            q_row = q[0, a.clamp(max=k - 1)]  # [1, V]; ignored on the host for a bonus
+            emit = rules.token_stats(p_row, q_row, z[0, a], res.token, theta)
+            es = rules.es_grid(p[0, :k], q[0], grid)  # [K, G]
+            head += [
+                torch.stack([res.diag[c][0].double() for c in _DIAG_KEYS]).flatten(),
+                torch.stack([emit[c][0].double() for c in _EMIT_KEYS]),
+                es.double().flatten(),
+            ]
+        host = torch.cat(head).cpu().numpy()  # the round's one device → host copy
+        t2 = timer.now()
+        x_host = host[:k].astype(np.int64)
+        a_host = int(host[k])
+        y_host = int(host[k + 1])
+        spent_host = float(host[k + 2])
+        emitted = [*x_host[:a_host].tolist(), y_host]
+        m = min(len(emitted), config.max_new_tokens - start)
+        for j, tok in enumerate(emitted[:m]):
+            if tok in pair.eos_ids:
+                m = j + 1
+                stop = "eos"
+                break
+        truncated = m < len(emitted)
+        if log:
+            off = k + 3
+            diag = host[off : off + len(_DIAG_KEYS) * k].reshape(len(_DIAG_KEYS), k)
+            off += len(_DIAG_KEYS) * k
+            emit_h = host[off : off + len(_EMIT_KEYS)]
+            off += len(_EMIT_KEYS)
+            es_h = host[off : off + k * n_grid].reshape(k, n_grid)
+            n_draft_rows = m if truncated else k
+            emit_row = None if truncated else (a_host, y_host, emit_h)
+            pos_rows.append(
+                _round_rows(
+                    len(round_rows), start, x_host, diag, es_h, u_host, n_draft_rows, emit_row
+                )
+            )
+        seq.extend(emitted[:m])
+        a_logged = m if truncated else a_host
+        spent_row = None if res.state is None else spent_host
+        round_rows.append((len(round_rows), start, k, a_logged, m, t1 - t0, t2 - t1, spent_row))
+        if stop == "eos" or truncated:
+            break
+        # --- roll both caches back to the emitted sequence (all but its last token)
+        _crop(t_cache, len(seq) - 1)
+        _crop(d_cache, len(seq) - 1)
+    output_ids = seq[n_prompt:]
+    return output_ids, stop, passes, _concat_positions(pos_rows, n_grid), _rounds(round_rows)
+
+
+def _round_rows(
+    rnd: int,
+    start: int,
+    drafts: np.ndarray,
+    diag: np.ndarray,
+    es: np.ndarray,
+    u_host: np.ndarray,
+    n_draft_rows: int,
+    emitted: tuple[int, int, np.ndarray] | None,
+) -> dict[str, Any]:
+    """Host-side columns of one round: draft rows, then the recovery/bonus row."""
+    k = drafts.shape[0]
+    n = n_draft_rows
+    cols: dict[str, Any] = {name: diag[i, :n] for i, name in enumerate(_DIAG_KEYS)}
+    cols["kind"] = ["draft"] * n
+    cols["token"] = drafts[:n]
+    cols["pos"] = np.arange(n)
+    cols["u"] = u_host[1, :n]
+    cols["es"] = es[:n]
+    if emitted is not None:
+        from relaxspec_audit.rules import Cause
+
+        a, y, st = emitted
+        bonus = a == k
+        row = {name: st[i] for i, name in enumerate(_EMIT_KEYS)}
+        if bonus:  # no draft distribution at position K+1
+            row["q"] = row["entropy_q"] = row["tv_pq"] = math.nan
+        row.update(passed_ratio=math.nan, accepted=math.nan)
+        row["cause"] = int(Cause.BONUS if bonus else Cause.RECOVERY)
+        for name in _DIAG_KEYS:
+            cols[name] = np.append(cols[name], row[name])
+        cols["kind"].append("bonus" if bonus else "recovery")
+        cols["token"] = np.append(cols["token"], y)
+        cols["pos"] = np.append(cols["pos"], a)
+        cols["u"] = np.append(cols["u"], u_host[2, a])
+        es_row = np.full((1, es.shape[1]), np.nan) if bonus else es[a : a + 1]
+        cols["es"] = np.concatenate([cols["es"], es_row])
+    n_rows = len(cols["kind"])
+    cols["round"] = np.full(n_rows, rnd)
+    cols["abs_pos"] = start + cols["pos"]
+    return cols
+
+
+def _concat_positions(rows: list[dict[str, Any]], n_grid: int) -> dict[str, Any]:
+    """Columns of the positions table from per-round pieces (NaN → null where nullable)."""
+    from relaxspec_audit.rules import Cause
+
+    if not rows:
+        return {}
+    cat = {name: np.concatenate([np.asarray(r[name]) for r in rows]) for name in rows[0]}
+    cat["kind"] = [kind for r in rows for kind in r["kind"]]
+    out: dict[str, Any] = {}
+    for name, values in cat.items():
+        if name == "kind":
+            out[name] = values
+        elif name == "cause":
+            out[name] = [Cause(int(c)).name.lower() for c in values]
+        elif name in _BOOL_COLS:
+            out[name] = [None if math.isnan(x) else bool(x) for x in values]
+        elif name in _INT_COLS or name in ("token", "round", "pos", "abs_pos"):
+            out[name] = values.astype(np.int64)
+        elif name == "es":
+            es = values.reshape(-1, n_grid).astype(np.float32)
+            out[name] = [None if np.isnan(r).any() else r.tolist() for r in es]
+        else:
+            f = values.astype(np.float32)
+            out[name] = (
+                [None if math.isnan(x) else x for x in f.tolist()] if np.isnan(f).any() else f
+            )
+    return out
+
+
+def _rounds(rows: list[tuple]) -> dict[str, Any]:
+    names = ("round", "start_pos", "k", "accepted", "emitted", "draft_s", "verify_s", "spent")
+    return {name: [r[i] for r in rows] for i, name in enumerate(names)}
+
+
+def _decode_target_only(
+    pair: Pair,
+    prompt_ids: list[int],
+    config: RunConfig,
+    request_id: str,
+    timing: bool,
+) -> tuple[list[int], str, int, dict[str, Any], dict[str, Any]]:
+    """Autoregressive decoding with the target alone (the speed baseline, greedy reference).
+
+    Each token is one target pass, logged as a round with K = 0 whose single position is a
+    ``bonus`` row (the token is sampled from p, like a bonus after an empty block).
+    """
+    import torch
+
+    from relaxspec_audit import rules
+
+    dev, v = pair.device, pair.vocab_size
+    key = rng.request_key(request_id)
+    timer = _Timer(dev, timing)
+    log = config.log_positions
+    prompt = torch.tensor([prompt_ids], dtype=torch.long, device=dev)
+    cache = _new_cache(pair.target)
+    _prefill(pair.target, prompt, cache)
+    n_new = config.max_new_tokens
+    u_all = rng.uniforms(config.seed, key, np.arange(n_new, dtype=np.int64), rng.Purpose.SAMPLE)
+    u_dev = torch.from_numpy(u_all).to(dev)  # [N], one transfer for the whole request
+    feed = prompt[:, -1:]
+    output: list[int] = []
+    pos_rows: list[dict[str, Any]] = []
+    round_rows: list[tuple] = []
+    stop = "length"
+    n_grid = len(config.theta_grid)
+    for i in range(n_new):
+        t0 = timer.now()
+        z = _forward(pair.target, feed, cache, keep=1)[:, -1, :v].float()  # [1, V]
+        if config.greedy:
+            y = z.argmax(-1)  # [1]
+        else:
+            p = transform_logits(z, config.temperature, config.top_k, config.top_p)
+            y = rng.sample_icdf(p, u_dev[i : i + 1])  # [1]
+        if log:
+            if config.greedy:
+                p = transform_logits(z, 0.0)
+            st = rules.token_stats(p, None, z, y, rules.DEFAULT_THETA)
+            host = torch.cat([y.double()] + [st[c].double() for c in _EMIT_KEYS]).cpu().numpy()
+            tok = int(host[0])
+            row = {name: host[1 + j : 2 + j] for j, name in enumerate(_EMIT_KEYS)}
+            row["q"] = row["entropy_q"] = row["tv_pq"] = np.array([math.nan])
+            row.update(
+                passed_ratio=np.array([math.nan]),
+                accepted=np.array([math.nan]),
+                cause=np.array([float(rules.Cause.BONUS)]),
+                kind=["bonus"],
+                token=np.array([tok]),
+                pos=np.array([0]),
+                u=np.array([u_all[i]]),
+                es=np.full((1, n_grid), np.nan),
+                round=np.array([i]),
+                abs_pos=np.array([i]),
+            )
+            pos_rows.append(row)
+        else:
+            tok = int(y.item())
+        t1 = timer.now()
+        round_rows.append((i, i, 0, 0, 1, 0.0, t1 - t0, None))
+        output.append(tok)
+        if tok in pair.eos_ids:
+            stop = "eos"
+            break
+        feed = y.view(1, 1)
+    return output, stop, len(output), _concat_positions(pos_rows, n_grid), _rounds(round_rows)
+
+
+# ----------------------------------------------------------------------------- collect
+
+
+def encode_prompt(pair: Pair, prompt: str) -> list[int]:
+    """Token ids of a prompt (``tokenizer(prompt)``; the BOS token if that is empty)."""
+    if pair.tokenizer is None:
+        raise DecodeError("the pair has no tokenizer; pass prompt token ids")
+    ids = list(pair.tokenizer(prompt)["input_ids"])
+    if not ids and pair.tokenizer.bos_token_id is not None:
+        ids = [int(pair.tokenizer.bos_token_id)]
+    return ids
+
+
+def collect(
+    config: RunConfig,
+    out: str | Path,
+    resume: bool = True,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+    pair: Pair | None = None,
+    chunk_size: int = 16,
+) -> Path:
+    """Decode every item of the config's task and write the run folder under ``out``.
+
+    Finished requests of an existing run folder are skipped (``resume``); the task scorer
+    grades each completion. The request id is the task item's id, so runs of different
+    rules on one seed share each request's random stream (SPEC §4).
+
+    Args:
+        config: the run configuration (validated here).
+        out: parent folder of runs (``runs/``).
+        resume: keep and skip finished requests of an earlier, interrupted run.
+        progress: called after each request (and once at the start) with a dict of
+            ``done``, ``total``, ``tokens``, ``passes``, ``accepted``, ``drafted``, ``wall_s``.
+        pair: an already loaded pair (default: :func:`load_pair` of the config's models).
+        chunk_size: finished requests per committed Parquet part.
+
+    Returns:
+        The run folder.
+    """
+    from relaxspec_audit import tasks
+    from relaxspec_audit.logs import RunWriter
+
+    config.validate()
+    task = tasks.load_task(config.task, split=config.split, limit=config.limit)
+    if pair is None:
+        draft = None if config.rule == TARGET_ONLY else config.draft
+        pair = load_pair(config.target, draft, config.device, config.dtype)
+    run_dir = config.run_dir(out)
+    manifest = {
+        "config": config.to_dict(),
+        "run_id": config.run_id(),
+        "theta_grid": list(config.theta_grid),
+        "models": pair.info,
+        "task": {"name": task.name, "n_items": len(task.items), "scorer": task.scorer_name},
+        "eos_ids": sorted(pair.eos_ids),
+    }
+    totals = {"done": 0, "total": len(task.items), "tokens": 0, "passes": 0}
+    totals.update(accepted=0, drafted=0, wall_s=0.0, skipped=0)
+    with RunWriter(run_dir, manifest, resume=resume, chunk_size=chunk_size) as writer:
+        todo = [item for item in task.items if item.id not in writer.finished]
+        totals["skipped"] = totals["done"] = len(task.items) - len(todo)
+        if progress is not None:
+            progress(dict(totals))
+        for item in todo:
+            ids = encode_prompt(pair, item.prompt)
+            rows = decode_request(pair, ids, config, item.id)
+            text = pair.tokenizer.decode(rows.request["output_ids"], skip_special_tokens=True)
+            rows.request.update(
+                item_id=item.id,
+                task=task.name,
+                split=item.split,
+                text=text,
+                score=task.score(item, text),
+            )
+            writer.add(rows)
+            totals["done"] += 1
+            totals["tokens"] += rows.request["n_tokens"]
+            totals["passes"] += rows.request["target_passes"]
+            totals["accepted"] += int(sum(rows.rounds["accepted"]))
+            totals["drafted"] += int(sum(rows.rounds["k"]))
+            totals["wall_s"] += rows.request["wall_s"]
+            if progress is not None:
+                progress(dict(totals))
+    return run_dir
+
+
+def describe(pair: Pair) -> str:
+    """One JSON line describing a pair (for logs and benchmark headers)."""
+    return json.dumps({k: pair.info[k] for k in ("vocab_size", "device", "dtype")})
