@@ -459,3 +459,47 @@ def test_block_shape_validation():
             torch.zeros(1, 2),
             torch.zeros(1, 3),
         )
+
+
+def test_rules_do_not_sync_with_host():
+    """No `.item()`/`bool(t)`/`tolist()`/data-dependent shapes inside a rule (ARCHITECTURE).
+
+    On CUDA these are device→host syncs; on CPU they dispatch to the ops recorded here.
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    forbidden = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "item"}
+
+    class NoSync(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if name in forbidden:
+                raise AssertionError(f"host sync inside a rule: aten.{name}")
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(1)
+    b, k, v = 2, 4, 9
+    z = torch.randn(b, k + 1, v)
+    q = torch.randn(b, k, v).softmax(-1)
+    for greedy in (False, True):
+        blk = Block(
+            torch.randint(0, v, (b, k)),
+            z.softmax(-1),
+            q,
+            z,
+            torch.rand(b, k),
+            torch.rand(b, k + 1),
+            greedy=greedy,
+        )
+        params = [(name, {}) for name in rules.RULES] + [("asd", {"budget": 0.0})]
+        params += [("fuzzy", {"divergence": d}) for d in ("js", "tv")]
+        for name, kw in params:
+            state = torch.zeros(b, dtype=torch.float64) if name == "asd" else None
+            prm = make_params(name, **kw)
+            with NoSync():
+                rules.RULES[name].fn(blk, prm, state)
+        with NoSync():
+            rules.es_grid(blk.p[:, :k], q, [0.5, 0.95])
+    # The detector itself works.
+    with pytest.raises(AssertionError, match="host sync"), NoSync():
+        torch.ones(2).sum().item()
