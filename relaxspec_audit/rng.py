@@ -123,6 +123,7 @@ def sample_icdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     cdf = torch.cumsum(probs.to(torch.float64), dim=-1)  # [..., V]
     target = u.to(torch.float64).unsqueeze(-1) * cdf[..., -1:]  # [..., 1]
     idx = torch.searchsorted(cdf.contiguous(), target.contiguous(), right=True).squeeze(-1)
-    # Last positive token: V-1 minus the position of the first positive in the flipped row.
-    last_pos = (v - 1) - torch.argmax((probs.flip(-1) > 0).to(torch.int8), dim=-1)  # [...]
+    # Last positive-probability token of each row: the clamp target for rounding past the end.
+    ids = torch.arange(v, device=probs.device)  # [V]
+    last_pos = torch.where(probs > 0, ids, -1).amax(-1)  # [...]
     return torch.where(idx >= v, last_pos, idx).to(torch.int64)
