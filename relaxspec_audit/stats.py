@@ -381,7 +381,10 @@ def entropy_gaps(
     aggs = []
     for s, m in masks.items():
         aggs.append(m.sum().alias(f"n_{s}"))
-        aggs += [v.filter(m).sum().alias(f"{name}_{s}") for name, v in vals.items()]
+        # when/then, not filter: a vectorised masked sum, no per-group materialisation.
+        aggs += [
+            pl.when(m).then(v).otherwise(0.0).sum().alias(f"{name}_{s}") for name, v in vals.items()
+        ]
     pc = lf.group_by([*by, cluster]).agg(aggs).collect()
     cols = {(f"{v}_{s}", f"n_{s}"): (s, v) for s in masks for v in vals}
     long = _long(pc, [*by, cluster], {c: i for i, c in enumerate(cols)}, "_which")
@@ -418,10 +421,6 @@ def entropy_gaps(
 # ----------------------------------------------------------------------------------------
 
 
-def _requests(frame: Frame, name: str, cols: Iterable[str]) -> pl.DataFrame:
-    return _lazy(frame, name, ["item_id", *cols]).collect()
-
-
 def pair_requests(
     requests: Frame,
     reference: Frame,
@@ -451,13 +450,17 @@ def pair_requests(
     order = ["run_id", "request_id"]
 
     def prep(frame: Frame, name: str, suffix: str) -> pl.DataFrame:
-        df = _requests(frame, name, [*by, *columns])
-        extra = [c for c in order if c in df.columns]
-        df = df.sort([*by, "item_id", *extra])
-        df = df.with_columns(pl.int_range(pl.len()).over([*by, "item_id"]).alias("sample"))
-        return df.select(
-            *by, "item_id", "sample", *[pl.col(c).alias(f"{c}{suffix}") for c in columns]
-        )
+        lf = _lazy(frame, name, ["item_id", *by, *columns])
+        extra = [c for c in order if c in lf.collect_schema().names()]
+        # Rank within the item by a window, not a sort of the whole frame: the frame
+        # may carry long list columns (output_ids) that are costly to move.
+        rank = pl.int_range(pl.len()).over([*by, "item_id"], order_by=extra or None)
+        return lf.select(
+            *by,
+            "item_id",
+            rank.alias("sample"),
+            *[pl.col(c).alias(f"{c}{suffix}") for c in columns],
+        ).collect()
 
     rel = prep(requests, "requests", "_rel")
     ref = prep(reference, "reference", "_ref")
@@ -737,6 +740,31 @@ def hash_divergence(
 # ----------------------------------------------------------------------------------------
 
 
+def flatten_es(positions: Frame, n: int) -> pl.LazyFrame:
+    """Replace the ``es`` list column by flat columns ``_es0 … _es{n−1}``.
+
+    Getting one element of a list column is a gather over 10M lists; unnesting the list
+    once and reading flat columns afterwards is several times faster when many
+    statistics use ``E_S`` (``audit_summary`` does this once). Every function here that
+    needs ``E_S`` accepts either form.
+    """
+    lf = _lazy(positions, "positions", ["es"])
+    names = [f"_es{j}" for j in range(n)]
+    return lf.with_columns(
+        pl.col("es").list.to_array(n).arr.to_struct(fields=names).struct.unnest()
+    ).drop("es")
+
+
+def _es_expr(lf: pl.LazyFrame, j: int) -> pl.Expr:
+    """``E_S`` at grid index ``j`` as float64, from flat ``_es{j}`` or the ``es`` list."""
+    names = lf.collect_schema().names()
+    if f"_es{j}" in names:
+        return pl.col(f"_es{j}").cast(pl.Float64)
+    if "es" in names:
+        return pl.col("es").list.get(j, null_on_oob=True).cast(pl.Float64)
+    raise ValueError(f"positions: missing column 'es' (E_S per θ of the run's grid), have {names}")
+
+
 def es_index(theta: float, grid: Sequence[float]) -> int:
     """Index of ``theta`` in the run's ``es`` grid (manifest ``config.theta_grid``).
 
@@ -764,10 +792,8 @@ def deviation_per_request(
         Columns ``*by, request_id, steps, eps_mean, eps_max, bound_product, bound_mean``.
     """
     by = list(by)
-    lf = _draft_rows(
-        _lazy(positions, "positions", [cluster, "kind", "cause", "es", *by]), "reached"
-    )
-    es = pl.col("es").list.get(es_idx, null_on_oob=True).cast(pl.Float64)
+    lf = _draft_rows(_lazy(positions, "positions", [cluster, "kind", "cause", *by]), "reached")
+    es = _es_expr(lf, es_idx)
     out = (
         lf.group_by([*by, cluster])
         .agg(
@@ -792,6 +818,7 @@ def deviation_accounting(
     reference: Frame | None = None,
     by: Sequence[str] = (),
     alpha: float = 0.05,
+    divergence: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
     """ε per request and the ``(1 − ε)^T`` bound vs the identical-output rate (SPEC §2.3).
 
@@ -807,6 +834,8 @@ def deviation_accounting(
         reference: the reference ``exact`` run's ``requests``.
         by: grouping columns of ``positions`` (and of ``requests``/``reference``).
         alpha: 1 − confidence level.
+        divergence: a :func:`hash_divergence` result (same ``by``) to reuse instead of
+            ``requests``/``reference``.
 
     Returns:
         One row per group: ``n_requests, eps_mean, eps_max, steps_mean, bound_product,
@@ -824,9 +853,10 @@ def deviation_accounting(
         pl.col("bound_product").mean(),
         pl.col("bound_mean").mean(),
     )
-    if requests is not None and reference is not None:
-        hd = hash_divergence(requests, reference, by=by, alpha=alpha)
-        hd = hd.select(
+    if divergence is None and requests is not None and reference is not None:
+        divergence = hash_divergence(requests, reference, by=by, alpha=alpha)
+    if divergence is not None:
+        hd = divergence.select(
             *by,
             (1 - pl.col("rate")).alias("identical_rate"),
             (1 - pl.col("ci_high")).alias("ci_low"),
@@ -1097,8 +1127,6 @@ def counterfactual_nsd(
     """
     by = list(by)
     need = [cluster, "kind", "round", "pos", "passed_ratio", "mass_above", *by]
-    if es_grid is not None:
-        need.append("es")
     lf = _lazy(positions, "positions", need)
     if "rule" in lf.collect_schema().names():
         rules = lf.select(pl.col("rule").unique()).collect()["rule"].to_list()
@@ -1148,10 +1176,11 @@ def counterfactual_nsd(
             except ValueError:
                 continue
             idx[i] = j
-            es = pl.col("es").list.get(j, null_on_oob=True).cast(pl.Float64)
-            aggs.append(es.filter(reach).sum().alias(f"_e{i}"))
+            es = _es_expr(lf, j)
+            aggs.append(pl.when(reach).then(es).otherwise(0.0).sum().alias(f"_e{i}"))
     keys = by or [pl.lit(0).alias("_all")]
-    tot = lf.group_by(keys).agg(aggs).collect()
+    # A plain select when there are no groups: group_by on a literal key is slower.
+    tot = (lf.group_by(keys).agg(aggs) if by else lf.select(aggs)).collect()
     k_mean = tot["_n"] / tot["_rounds"]
     rows = []
     for i, th in enumerate(thetas):
@@ -1272,10 +1301,11 @@ def audit_summary(
     have = pos_lf.collect_schema().names()
     extra = [c for c in ("run_id", "es", "rule") if c in have]
     # Categorical strings: 10M short repeated strings cost far less memory and time.
-    pos = pos_lf.select(*cols, *extra).with_columns(
-        pl.col("kind").cast(pl.Categorical), pl.col("cause").cast(pl.Categorical)
-    )
-    pos = pos.collect()
+    cat = [c for c in ("request_id", "run_id", "kind", "cause", "rule") if c in [*cols, *extra]]
+    pos_lf = pos_lf.select(*cols, *extra).with_columns(pl.col(cat).cast(pl.Categorical))
+    if "es" in extra and es_grid is not None:
+        pos_lf = flatten_es(pos_lf, len(es_grid))
+    pos = pos_lf.collect()
     rounds = _lazy(runs.rounds, "rounds", ["request_id"]).collect()
     requests = _lazy(runs.requests, "requests", ["request_id"]).collect()
 
@@ -1329,22 +1359,21 @@ def audit_summary(
     if rules == ["exact"] or (not rules and "rule" not in extra):
         cf = counterfactual_nsd(pos, grid, es_grid=es_grid)
         out["counterfactual_nsd_first_order"] = _records(cf, cf.columns)
+    ref_req = hd = None
+    if reference is not None:
+        ref_req = _lazy(reference.requests, "reference", ["item_id"]).collect()
+        hd = hash_divergence(requests, ref_req, by=[], alpha=alpha)
+        out["hash_divergence"] = _nan_to_none(hd.row(0, named=True))
     run_theta = _run_theta(runs.manifests)
-    if es_grid is not None and "es" in pos.columns and run_theta is not None:
+    if es_grid is not None and "_es0" in pos.columns and run_theta is not None:
         try:
             j = es_index(run_theta, es_grid)
         except ValueError:
             j = None
         if j is not None:
-            ref_req = None
-            if reference is not None:
-                ref_req = _lazy(reference.requests, "reference", ["item_id"]).collect()
-            dev = deviation_accounting(
-                pos, j, requests=requests if ref_req is not None else None, reference=ref_req
-            )
+            dev = deviation_accounting(pos, j, divergence=hd)
             out["deviation"] = {"theta": run_theta, **_nan_to_none(dev.row(0, named=True))}
-    if reference is not None:
-        ref_req = _lazy(reference.requests, "reference", ["item_id"]).collect()
+    if ref_req is not None:
         by = ["task"] if "task" in requests.columns and "task" in ref_req.columns else []
         if requests["score"].is_not_null().any() and ref_req["score"].is_not_null().any():
             acc = accuracy_delta(
@@ -1365,8 +1394,6 @@ def audit_summary(
                     "per_task": _records(acc, acc.columns),
                 }
             )
-        hd = hash_divergence(requests, ref_req, by=[], alpha=alpha).row(0, named=True)
-        out["hash_divergence"] = _nan_to_none(hd)
         sp = paired_speedup(requests, ref_req, by=[], alpha=alpha).row(0, named=True)
         out["speedup_vs_reference"] = _nan_to_none(sp)
     if baseline is not None:
