@@ -82,11 +82,19 @@ def build_model(arch: str, layers: int, seed: int, vocab_size: int = VOCAB_SIZE)
     return model.eval()
 
 
-def build_pair(arch: str, seed: int = 0, noise: float = 0.15) -> tuple[Any, Any]:
-    """Target (2 layers) and a correlated 1-layer draft sharing embeddings/head (perturbed)."""
+def build_pair(arch: str, seed: int = 0, noise: float = 0.1) -> tuple[Any, Any]:
+    """Target (2 layers) and a correlated 1-layer draft sharing embeddings/head (perturbed).
+
+    The target's second layer writes to the residual stream at 0.3x scale, so the 1-layer
+    draft agrees with it often (greedy acceptance ~15-25% per position at K = 4).
+    """
     import torch
 
     target = build_model(arch, 2, seed)
+    with torch.no_grad():
+        for name, param in target.named_parameters():
+            if "layers.1." in name and ("o_proj" in name or "down_proj" in name):
+                param.mul_(0.3)
     draft = build_model(arch, 1, seed + 1000)
     t_state = target.state_dict()
     gen = torch.Generator().manual_seed(seed + 7)
