@@ -1309,25 +1309,30 @@ def audit_summary(
     rounds = _lazy(runs.rounds, "rounds", ["request_id"]).collect()
     requests = _lazy(runs.requests, "requests", ["request_id"]).collect()
 
-    anat = rejection_anatomy(pos, grid, TOPK, alpha=alpha)
+    # Runs collected without per-position logs (or still empty) get the request- and
+    # round-level statistics only; missing ones are empty lists / nulls, never errors.
+    has_pos, has_rounds = pos.height > 0, rounds.height > 0
+    empty = pl.DataFrame(schema={"measure": pl.String})
+    anat = rejection_anatomy(pos, grid, TOPK, alpha=alpha) if has_pos else empty
     nuc = anat.filter(pl.col("measure") == "nucleus")
     topk = anat.filter(pl.col("measure") == "topk")
-    ent = entropy_gaps(pos, alpha=alpha)
-    spd = speed(rounds, requests if requests.height else None, alpha=alpha)
-    acc_pos = acceptance_by_position(pos, alpha=alpha)
     ent_out: dict[str, Any] = {}
-    for s in SUBSETS:
-        part = ent.filter(pl.col("subset") == s)
-        d = {r["measure"]: r for r in part.to_dicts()}
-        ent_out[s] = {
-            "entropy_p": d["entropy_p"]["mean"],
-            "entropy_q": d["entropy_q"]["mean"],
-            "gap": d["gap"]["mean"],
-            "gap_ci_low": d["gap"]["ci_low"],
-            "gap_ci_high": d["gap"]["ci_high"],
-            "n_positions": d["gap"]["n_positions"],
-        }
-    s0 = spd.row(0, named=True)
+    if has_pos:
+        ent = entropy_gaps(pos, alpha=alpha)
+        for s in SUBSETS:
+            d = {r["measure"]: r for r in ent.filter(pl.col("subset") == s).to_dicts()}
+            ent_out[s] = {
+                "entropy_p": d["entropy_p"]["mean"],
+                "entropy_q": d["entropy_q"]["mean"],
+                "gap": d["gap"]["mean"],
+                "gap_ci_low": d["gap"]["ci_low"],
+                "gap_ci_high": d["gap"]["ci_high"],
+                "n_positions": d["gap"]["n_positions"],
+            }
+    acc_pos = acceptance_by_position(pos, alpha=alpha) if has_pos else None
+    s0: dict[str, Any] = {}
+    if has_rounds:
+        s0 = speed(rounds, requests if requests.height else None, alpha=alpha).row(0, named=True)
     rules = sorted(
         {str(m.get("config", {}).get("rule")) for m in runs.manifests if m.get("config")}
     )
@@ -1341,22 +1346,26 @@ def audit_summary(
         "n_positions": int(pos.height),
         "rejected_in_nucleus": _records(
             nuc, ["theta", "fraction", "ci_low", "ci_high", "n_rejected"]
-        ),
-        "topk_share": _records(topk, ["k", "fraction", "ci_low", "ci_high"]),
+        )
+        if has_pos
+        else [],
+        "topk_share": _records(topk, ["k", "fraction", "ci_low", "ci_high"]) if has_pos else [],
         "entropy": ent_out,
-        "tau_mean": s0["tau_mean"],
-        "tau_ci": [s0["tau_ci_low"], s0["tau_ci_high"]],
-        "acceptance_rate": s0["alpha"],
-        "acceptance_by_position": _records(acc_pos, ["pos", "accept_rate", "ci_low", "ci_high"]),
-        "k_mean": s0["k_mean"],
-        "verify_share": s0["verify_share"],
-        "draft_cost_ratio": s0["c"],
-        "modelled_tau": s0["modelled_tau"],
-        "modelled_speedup": s0["modelled_speedup"],
+        "tau_mean": s0.get("tau_mean"),
+        "tau_ci": [s0.get("tau_ci_low"), s0.get("tau_ci_high")],
+        "acceptance_rate": s0.get("alpha"),
+        "acceptance_by_position": _records(acc_pos, ["pos", "accept_rate", "ci_low", "ci_high"])
+        if acc_pos is not None
+        else [],
+        "k_mean": s0.get("k_mean"),
+        "verify_share": s0.get("verify_share"),
+        "draft_cost_ratio": s0.get("c"),
+        "modelled_tau": s0.get("modelled_tau"),
+        "modelled_speedup": s0.get("modelled_speedup"),
         "passes_per_token": s0.get("passes_per_token"),
         "tokens_per_s": s0.get("tokens_per_s"),
     }
-    if rules == ["exact"] or (not rules and "rule" not in extra):
+    if has_pos and (rules == ["exact"] or (not rules and "rule" not in extra)):
         cf = counterfactual_nsd(pos, grid, es_grid=es_grid)
         out["counterfactual_nsd_first_order"] = _records(cf, cf.columns)
     ref_req = hd = None
@@ -1365,7 +1374,7 @@ def audit_summary(
         hd = hash_divergence(requests, ref_req, by=[], alpha=alpha)
         out["hash_divergence"] = _nan_to_none(hd.row(0, named=True))
     run_theta = _run_theta(runs.manifests)
-    if es_grid is not None and "_es0" in pos.columns and run_theta is not None:
+    if has_pos and es_grid is not None and "_es0" in pos.columns and run_theta is not None:
         try:
             j = es_index(run_theta, es_grid)
         except ValueError:

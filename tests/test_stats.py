@@ -443,3 +443,66 @@ def test_audit_summary_keys_and_json():
     assert "accuracy_delta" not in nonsense and len(nonsense["rejected_in_nucleus"]) == 1
     with pytest.raises(ValueError, match="theta_grid"):
         S.audit_summary(_frames(run), theta_grid=(1.5,))
+
+
+# --- the `audit` command (issue 5) -----------------------------------------------------
+
+
+def _write_run(root, run: dict, run_id: str, rule: str = "exact") -> str:
+    from relaxspec_audit import logs
+
+    d = root / f"task=synth/rule={rule}/run={run_id}"
+    for table, df in run.items():
+        (d / table).mkdir(parents=True, exist_ok=True)
+        df.write_parquet(d / table / "part-00000.parquet")
+    cfg = {"task": "synth", "rule": rule, "params": {}, "theta_grid": list(THETA_GRID)}
+    manifest = {"schema_version": logs.SCHEMA_VERSION, "run_id": run_id, "config": cfg}
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    return str(d)
+
+
+def test_audit_command_json_and_table(tmp_path):
+    from click.testing import CliRunner
+
+    from relaxspec_audit.cli import main
+
+    run = _write_run(tmp_path / "a", make_run(12, 4, 4, seed=1, run_id="r1"), "r1")
+    ref = _write_run(tmp_path / "b", make_run(12, 4, 4, seed=2, run_id="r2"), "r2")
+    cli = CliRunner()
+    res = cli.invoke(main, ["audit", run, "--reference", ref, "--theta-grid", "0.5,0.9", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["schema_version"] == S.SCHEMA_VERSION
+    assert [r["theta"] for r in out["rejected_in_nucleus"]] == [0.5, 0.9]
+    assert {"accuracy_delta", "hash_divergence", "tau_mean", "acceptance_rate"} <= set(out)
+    table = cli.invoke(main, ["audit", run, "--reference", ref])
+    assert table.exit_code == 0, table.output
+    assert "Rejected drafts inside the θ nucleus" in table.output
+    assert "FIRST-ORDER" in table.output and "McNemar" in table.output
+    bad = cli.invoke(main, ["audit", run, "--theta-grid", "0.5,1.5"])
+    assert bad.exit_code == 2 and "1.5 is not in (0, 1]" in bad.output
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    none = cli.invoke(main, ["audit", str(empty)])
+    assert none.exit_code == 1 and "holds none" in none.output
+
+
+def test_audit_summary_without_positions_still_reports_requests_level():
+    run = make_run(10, 3, 4, seed=1, run_id="a")
+    ref = make_run(10, 3, 4, seed=2, run_id="b")
+    no_pos = {**run, "positions": run["positions"].clear()}
+    out = S.audit_summary(_frames(no_pos), reference=_frames(ref))
+    assert out["rejected_in_nucleus"] == [] and out["entropy"] == {}
+    assert out["tau_mean"] == pytest.approx(run["rounds"]["emitted"].mean())
+    assert "hash_divergence" in out and "deviation" not in out
+
+
+def test_flat_es_columns_give_the_same_deviation():
+    pos = make_run(8, 3, 4, seed=5)["positions"]
+    flat = S.flatten_es(pos, len(THETA_GRID)).collect()
+    assert "es" not in flat.columns and "_es5" in flat.columns
+    a = S.deviation_per_request(pos, 4).sort("request_id")
+    b = S.deviation_per_request(flat, 4).sort("request_id")
+    assert a.equals(b)
+    with pytest.raises(ValueError, match="missing column 'es'"):
+        S.deviation_per_request(pos.drop("es"), 0)
