@@ -293,7 +293,9 @@ def rejection_anatomy(
     Returns:
         Columns ``*by, measure ("nucleus" | "topk"), theta, k, fraction, se, ci_low,
         ci_high, n_rejected, n_clusters``; ``theta`` is null on top-k rows, ``k`` on
-        nucleus rows.
+        nucleus rows. Interval ends are clipped to [0, 1]; a share of exactly 0 or 1
+        gets a zero-width interval (the CR1 variance is 0 there), so read it with
+        ``n_rejected``.
     """
     by = list(by)
     need = [cluster, "kind", "cause", "passed_ratio", "mass_above", "rank", *by]
@@ -318,6 +320,8 @@ def rejection_anatomy(
         schema={"_which": pl.Int32, "measure": pl.String, "theta": pl.Float64, "k": pl.Int64},
     )
     res = res.with_columns(pl.col("_which").cast(pl.Int32)).join(meta, on="_which", how="left")
+    # A share lies in [0, 1]: clip the Wald-type CR1 ends (coverage can only improve).
+    res = res.with_columns(pl.col("ci_low").clip(0.0, 1.0), pl.col("ci_high").clip(0.0, 1.0))
     return res.select(
         *by,
         "measure",
@@ -925,8 +929,8 @@ def acceptance_by_position(
             *by,
             "pos",
             pl.col("estimate").alias("accept_rate"),
-            "ci_low",
-            "ci_high",
+            pl.col("ci_low").clip(0.0, 1.0),
+            pl.col("ci_high").clip(0.0, 1.0),
             "accept_rate_given_reached",
             pl.col("n").cast(pl.Int64).alias("n_rounds"),
         )
