@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import subprocess
@@ -62,15 +63,23 @@ def audit(out: Path) -> None:
     import statsmodels.stats.api  # noqa: F401
 
     imports = time.perf_counter() - t0
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     summary = stats.audit_summary(frames(out / "run"), reference=frames(out / "ref"), margin=0.02)
     wall = time.perf_counter() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    # CPU seconds of this process (all threads): independent of other users' load, so
+    # wall ≈ cpu / cores on an idle machine.
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # KiB on Linux
     print(
         json.dumps(
             {
                 "wall_s": round(wall, 2),
                 "import_s": round(imports, 2),
+                "cpu_s": round(cpu, 2),
+                "load_avg_1min": [round(load0, 2), round(os.getloadavg()[0], 2)],
                 "peak_rss_gb": round(rss_gb, 2),
                 "n_positions": summary["n_positions"],
                 "tau_mean": summary["tau_mean"],
@@ -99,13 +108,12 @@ def main() -> None:
         text=True,
     )
     result = json.loads(res.stdout.strip().splitlines()[-1])
-    import os
-
     import polars as pl
 
     print(
         f"full audit: {result['wall_s']} s (+ {result['import_s']} s one-off scipy/statsmodels "
-        f"import), peak RSS {result['peak_rss_gb']} GB, "
+        f"import), CPU time {result['cpu_s']} s, 1-min load average before/after "
+        f"{result['load_avg_1min']}, peak RSS {result['peak_rss_gb']} GB, "
         f"{result['n_positions']:,} positions rows | {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} CPUs, polars {pl.__version__}, POLARS_MAX_THREADS="
         f"{os.environ.get('POLARS_MAX_THREADS', 'default')}"
