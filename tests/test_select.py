@@ -124,3 +124,15 @@ def test_settings_frame_and_assign_split():
     ids = [f"item{i}" for i in range(2000)]
     s1, s2 = sel.assign_split(ids), sel.assign_split(ids)
     assert s1 == s2 and 0.45 < s1.count("confirmation") / 2000 < 0.55
+
+
+def test_identical_scores_on_few_items_are_not_certified():
+    # Zero variance makes the t test "significant" (p = 0): the sample-size guard must
+    # still refuse, asking for the rule-of-three planning sd's n.
+    rel, ref = _grid(40, {0.9: (0.0, 1.5)}, seed=6)
+    rel = rel.drop("score").join(ref.select("item_id", "score"), on="item_id")
+    v = sel.recommend(rel, ref, ["theta"], margin=0.05)
+    assert v.status == "INCONCLUSIVE" and v.setting == {"theta": 0.9}
+    assert v.numbers["planning_sd"] == pytest.approx(math.sqrt(3 / 20))
+    assert v.n_required == sel.required_items(math.sqrt(3 / 20), 0.05) > 20
+    assert json.loads(v.to_json())["n_required"] == v.n_required
