@@ -235,8 +235,14 @@ def _draft_rows(lf: pl.LazyFrame, scope: Scope) -> pl.LazyFrame:
     return lf
 
 
-def _long(per_cluster: pl.DataFrame, keys: list[str], cols: dict[str, Any], name: str):
-    """Stack per-cluster columns ``{col: label}`` into rows with a ``name`` column."""
+def _long(
+    per_cluster: pl.DataFrame, keys: list[str], cols: dict[tuple[str, str], Any], name: str
+) -> pl.DataFrame:
+    """Stack per-cluster ``{(num, den): label}`` pairs into ``_num``/``_den`` rows.
+
+    One block of rows per pair, labelled in column ``name``, so one
+    :func:`clustered_ratio` call grouped by ``name`` computes every ratio at once.
+    """
     parts = []
     for col, label in cols.items():
         num, den = col
@@ -1303,7 +1309,9 @@ def audit_summary(
     cols += ["entropy_q", "passed_ratio", "accepted", "cause"]
     pos_lf = _lazy(runs.positions, "positions", cols)
     have = pos_lf.collect_schema().names()
-    extra = [c for c in ("run_id", "es", "rule") if c in have]
+    # run_id only separates blocks of several runs; with one run it is 10M dead strings.
+    keep = ("run_id", "es", "rule") if len(runs.manifests) != 1 else ("es", "rule")
+    extra = [c for c in keep if c in have]
     # Categorical strings: 10M short repeated strings cost far less memory and time.
     cat = [c for c in ("request_id", "run_id", "kind", "cause", "rule") if c in [*cols, *extra]]
     pos_lf = pos_lf.select(*cols, *extra).with_columns(pl.col(cat).cast(pl.Categorical))

@@ -506,3 +506,20 @@ def test_flat_es_columns_give_the_same_deviation():
     assert a.equals(b)
     with pytest.raises(ValueError, match="missing column 'es'"):
         S.deviation_per_request(pos.drop("es"), 0)
+
+
+def test_pair_requests_pairs_samples_in_run_order():
+    rel = pl.DataFrame(
+        {"run_id": ["s2", "s1", "s1"], "request_id": ["x", "y", "z"],
+         "item_id": ["a", "a", "b"], "task": "t", "score": [2.0, 1.0, 5.0]}
+    )  # fmt: skip
+    ref = pl.DataFrame(
+        {"run_id": ["e1", "e2", "e1"], "request_id": ["p", "q", "r"],
+         "item_id": ["a", "a", "b"], "task": "t", "score": [10.0, 20.0, 50.0]}
+    )  # fmt: skip
+    pairs = S.pair_requests(rel, ref, ["score"]).sort("item_id", "sample")
+    assert pairs.select("item_id", "sample", "score_rel", "score_ref").rows() == [
+        ("a", 0, 1.0, 10.0),
+        ("a", 1, 2.0, 20.0),
+        ("b", 0, 5.0, 50.0),
+    ]
