@@ -34,6 +34,7 @@ import itertools
 import json
 import os
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -606,6 +607,7 @@ class NotebookResult:
         ipynb: the executed (or failed) notebook.
         html: its HTML export (code hidden), None if the export itself failed.
         error: ``"<ename>: <evalue> (cell <n>)"`` when it failed.
+        seconds: wall-clock time of the execution.
     """
 
     name: str
@@ -613,6 +615,7 @@ class NotebookResult:
     ipynb: Path
     html: Path | None
     error: str | None = None
+    seconds: float = 0.0
 
 
 @dataclass
@@ -759,6 +762,7 @@ def execute_notebook(
     out_dir.mkdir(parents=True, exist_ok=True)
     ipynb = out_dir / f"{name}.ipynb"
     error = None
+    start = time.perf_counter()
     try:
         pm.execute_notebook(
             str(notebook_path(name)),
@@ -778,7 +782,10 @@ def execute_notebook(
     except Exception as exc:
         html = None
         error = error or f"{type(exc).__name__}: {exc}"
-    return NotebookResult(name=name, ok=error is None, ipynb=ipynb, html=html, error=error)
+    seconds = time.perf_counter() - start
+    return NotebookResult(
+        name=name, ok=error is None, ipynb=ipynb, html=html, error=error, seconds=seconds
+    )
 
 
 def run_batch(
@@ -845,15 +852,19 @@ def run_batch(
             )
             bar.update(1)
         summary_path = task_dir / "summary.json"
-        summary = report.task_summary(
-            runs_dir,
-            task.task,
-            run_dirs=run_dirs,
-            batch=plan.name,
-            errors=errors,
-            notebooks=[_nb_entry(nb, task_dir) for nb in notebooks],
-            parameters=task.parameters,
-        )
+        entries = [_nb_entry(nb, task_dir) for nb in notebooks]
+        signoff = task_dir / "signoff.numbers.json"
+        if any(nb.name == "signoff" and nb.ok for nb in notebooks) and signoff.is_file():
+            # The sign-off notebook computed this very summary: reuse it, not recompute it.
+            summary = report.finish_summary(
+                json.loads(signoff.read_text()), batch=plan.name, errors=errors,
+                notebooks=entries, n_runs=len(run_dirs),
+            )  # fmt: skip
+        else:
+            summary = report.task_summary(
+                runs_dir, task.task, run_dirs=run_dirs, batch=plan.name, errors=errors,
+                notebooks=entries, parameters=task.parameters,
+            )  # fmt: skip
         report.write_json(summary, summary_path)
         results.append(TaskResult(task.task, run_dirs, notebooks, summary_path, errors))
     bar.close()
@@ -880,4 +891,5 @@ def _nb_entry(nb: NotebookResult, task_dir: Path) -> dict[str, Any]:
         "ok": nb.ok,
         "html": nb.html.relative_to(task_dir).as_posix() if nb.html else None,
         "error": nb.error,
+        "seconds": round(nb.seconds, 2),
     }

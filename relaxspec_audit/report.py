@@ -49,8 +49,8 @@ img { max-width: 100%; height: auto; }
 .output_error pre { background: #ffebe9; }
 .badge { display: inline-block; padding: 1px 8px; border-radius: 10px; font-weight: 600;
          font-size: 0.85em; color: #fff; background: var(--muted); }
-.badge.go { background: var(--go); } .badge.no-go { background: var(--nogo); }
-.badge.inconclusive, .badge.failed { background: var(--warn); }
+.badge.PASS { background: var(--go); } .badge.FAIL { background: var(--nogo); }
+.badge.INCONCLUSIVE, .badge.failed { background: var(--warn); }
 .muted { color: var(--muted); }
 .dataframe { font-size: 0.86em; }
 """
@@ -179,16 +179,6 @@ def _setting(chosen: Mapping[str, Any] | None) -> str:
     return ", ".join(f"{k} = {_fmt(v)}" for k, v in chosen.items())
 
 
-def _interval(block: Mapping[str, Any] | None, scale: float = 1.0, unit: str = "") -> str:
-    if not block or block.get("estimate") is None:
-        return "–"
-    est = block["estimate"] * scale
-    lo, hi = block.get("ci_low"), block.get("ci_high")
-    if lo is None or hi is None:
-        return f"{est:+.2f}{unit}"
-    return f"{est:+.2f}{unit} [{lo * scale:+.2f}, {hi * scale:+.2f}]"
-
-
 def write_index(report_dir: str | Path, summaries: Sequence[Mapping[str, Any]]) -> Path:
     """Write ``index.html`` over the tasks of a batch (one row per task × rule family).
 
@@ -225,10 +215,16 @@ def write_index(report_dir: str | Path, summaries: Sequence[Mapping[str, Any]]) 
                 f"{html.escape(fam.get('reference', '–'))}</td>",
                 f'<td><span class="badge {html.escape(str(verdict))}">'
                 f"{html.escape(str(verdict))}</span></td>",
-                f"<td>{_setting(fam.get('chosen'))}</td>",
-                f'<td class="num">{_fmt(conf.get("speedup_vs_reference"))}×</td>',
-                f'<td class="num">{_interval(conf.get("accuracy_delta"), 100, " pt")}</td>',
-                f'<td class="num">{_fmt((conf.get("hash_divergence") or {}).get("rate"))}</td>',
+                f"<td>{html.escape(fam.get('setting') or '–')}"
+                + (
+                    f'<br><span class="muted">shown: {html.escape(fam["shown_setting"])}</span>'
+                    if not fam.get("setting") and fam.get("shown_setting")
+                    else ""
+                )
+                + "</td>",
+                f'<td class="num">{_speed(conf) if conf else "–"}</td>',
+                f'<td class="num">{_points(conf) if conf else "–"}</td>',
+                f'<td class="num">{_pct(conf.get("divergence"))}</td>',
                 f'<td rowspan="{len(families)}">{links}</td>' if i == 0 else "",
             ]
             rows.append("<tr>" + "".join(cells) + "</tr>")
@@ -414,6 +410,7 @@ def audit_table(
     if split is not None:
         table = table.filter(pl.col("split") == split)
     rows = []
+    ref_cache: dict[str, dict[str, Any]] = {}
     for row in table.iter_rows(named=True):
         rule = row["rule"]
         if rule == "target":
@@ -429,10 +426,13 @@ def audit_table(
         acc = summary.get("accuracy_delta") or {}
         hd = summary.get("hash_divergence") or {}
         sp = summary.get("speedup_vs_reference") or {}
-        dev = summary.get("deviation") or {}
+        # The (1 − ε)^T coupling bound is NSD's (SPEC §2.3): E_S is its deviation per step.
+        dev = (summary.get("deviation") or {}) if rule == "nucleus" else {}
         ref_summary = None
         if ref_dir is not None:
-            ref_summary = stats.audit_summary([ref_dir], margin=margin, alpha=alpha)
+            if ref_dir not in ref_cache:
+                ref_cache[ref_dir] = stats.audit_summary([ref_dir], margin=margin, alpha=alpha)
+            ref_summary = ref_cache[ref_dir]
         score = _mean_score(row["run_dir"])
         rows.append(
             {
@@ -465,6 +465,7 @@ def audit_table(
                 "identical_rate": dev.get("identical_rate"),
                 "identical_ci_low": dev.get("ci_low"),
                 "identical_ci_high": dev.get("ci_high"),
+                "params": row["params"],
                 "run_dir": row["run_dir"],
                 "reference_dir": ref_dir,
             }
@@ -481,7 +482,7 @@ def audit_table(
         "divergence_ci_high": pl.Float64, "first_pos_median": pl.Float64,
         "eps_mean": pl.Float64, "bound": pl.Float64, "identical_rate": pl.Float64,
         "identical_ci_low": pl.Float64, "identical_ci_high": pl.Float64,
-        "run_dir": pl.String, "reference_dir": pl.String,
+        "params": pl.String, "run_dir": pl.String, "reference_dir": pl.String,
     }  # fmt: skip
     return pl.DataFrame(rows, schema=schema).sort(
         ["reference", "is_reference", "rule", "value", "split"],
@@ -538,7 +539,9 @@ def manifest_facts(runs_dir: str | Path, task: str) -> dict[str, Any]:
             "max_new_tokens": distinct(
                 m.get("config", {}).get("max_new_tokens") for m in manifests
             ),
-            "package_version": distinct(m.get("package_version") for m in manifests),
+            "package_version": ", ".join(
+                str(v) for v in distinct(m.get("package_version") for m in manifests)
+            ),
             "git_commit": commits[0] if len(commits) == 1 else commits,
             "versions": [json.loads(x) for x in versions],
             "hosts": distinct(m.get("host") for m in manifests),
@@ -554,7 +557,7 @@ def manifest_facts(runs_dir: str | Path, task: str) -> dict[str, Any]:
 _SPLITS = ("discovery", "confirmation")
 
 
-def validate_parameters(**params: Any) -> dict[str, Any]:
+def validate_parameters(**params: Any) -> None:
     """Check a notebook's parameters; raise naming the first bad one.
 
     Known names: ``runs_dir`` (an existing folder with runs of ``task``), ``task``,
@@ -562,9 +565,6 @@ def validate_parameters(**params: Any) -> dict[str, Any]:
     (0, 1]), ``split`` / ``discovery`` / ``confirmation`` (a split name),
     ``numbers_path`` (str), ``collect`` (bool), ``limit`` / ``k`` / ``max_new_tokens``
     (int ≥ 1), ``seed`` (int ≥ 0). Unknown names are an error too.
-
-    Returns:
-        The parameters, unchanged.
 
     Raises:
         ValueError: ``"<name>: <what is wrong>, got <value>"``.
@@ -629,7 +629,6 @@ def validate_parameters(**params: Any) -> dict[str, Any]:
             raise ValueError(
                 f"task: no runs of task {params['task']!r} under runs_dir {params['runs_dir']!r}"
             )
-    return params
 
 
 def run_dirs(
@@ -722,9 +721,6 @@ def first_divergences(runs_dir: str | Path, task: str, *, split: str | None = No
 
 # --------------------------------------------------------------------------- choice and verdict
 
-#: Fewer paired items than this on a split earns a caveat (wide intervals).
-MIN_ITEMS = 30
-
 
 def recommend(
     runs_dir: str | Path,
@@ -734,33 +730,43 @@ def recommend(
     alpha: float = 0.05,
     discovery: str = "discovery",
     confirmation: str = "confirmation",
+    min_items: int = 30,
     table: Any = None,
 ) -> list[dict[str, Any]]:
-    """Choose a setting per relaxed rule on ``discovery`` and judge it on ``confirmation``.
+    """Choose a setting per relaxed rule on ``discovery``, judge it on ``confirmation``.
 
-    SPEC §3 "Choosing θ or a budget": the chosen setting is the fastest one (speed-up over
-    the reference) that is non-inferior at ``margin`` on the discovery split; it is then
-    judged on the disjoint confirmation split, because a setting picked and judged on
-    the same prompts overstates itself. Verdict: ``go`` when the confirmation run is
-    non-inferior and faster than the reference, ``no-go`` when no setting qualifies on
-    discovery or the confirmation run is not non-inferior or not faster, and
-    ``inconclusive`` when the task has no scorer or a split is missing.
+    The choice and the verdict are ``select.recommend``'s (SPEC §3 "Choosing θ or a
+    budget": the fastest setting non-inferior at ``margin`` on discovery, re-tested on
+    the disjoint confirmation split, ``PASS`` / ``FAIL`` / ``INCONCLUSIVE``, never
+    ``PASS`` on fewer items than the power calculation asks for). This function gathers
+    each relaxed rule's runs and its paired reference runs, and attaches the audit rows
+    of the chosen setting (divergence, τ, the coupling bound, speed-up over target-only
+    decoding) so that a report can show them beside the verdict. A task without a
+    scorer has no accuracy to test: its verdict is ``INCONCLUSIVE`` and its rows still
+    show divergence and speed.
 
     Args:
         runs_dir: folder of run folders.
         task: task name.
         margin: non-inferiority margin δ (score units).
-        alpha: 1 − confidence level.
+        alpha: 1 − confidence level and test level.
         discovery: split the setting is chosen on.
         confirmation: split the choice is judged on.
+        min_items: never certify on fewer confirmation items than this.
         table: a precomputed :func:`audit_table` of both splits (else computed).
 
     Returns:
-        One dict per relaxed rule: ``rule, reference, knob, verdict, chosen ({knob:
-        value} or None), discovery (audit row), confirmation (audit row), frontier
-        (discovery rows), reasons, caveats``.
+        One dict per relaxed rule: ``rule, reference, knob, verdict`` (``PASS`` |
+        ``FAIL`` | ``INCONCLUSIVE``), ``chosen`` (the setting's parameters or None),
+        ``setting`` (its label), ``shown_setting`` (the setting whose rows are shown: the
+        chosen one, else the fastest on discovery), ``discovery`` / ``confirmation``
+        (its audit rows), ``frontier`` (discovery audit rows), ``reasons``, ``caveats``,
+        ``n_required`` and ``select`` (``Verdict.to_dict()``: the numbers behind it).
     """
     import polars as pl
+
+    from relaxspec_audit import logs
+    from relaxspec_audit import select as select_mod
 
     if table is None:
         table = audit_table(runs_dir, task, margin=margin, alpha=alpha)
@@ -768,81 +774,93 @@ def recommend(
     relaxed = table.filter(~pl.col("is_reference"))
     for rule in relaxed["rule"].unique(maintain_order=True).to_list():
         fam = relaxed.filter(pl.col("rule") == rule)
-        disc = fam.filter(pl.col("split") == discovery).sort("value")
-        conf = fam.filter(pl.col("split") == confirmation)
         knob = fam["knob"][0]
-        scored = disc["accuracy_delta"].is_not_null().any()
-        reasons: list[str] = []
+        cols = list(select_mod.SETTING_PARAMS.get(rule, (knob,)))
+        rel_dirs = fam["run_dir"].to_list()
+        ref_dirs = sorted({d for d in fam["reference_dir"].to_list() if d is not None})
         caveats: list[str] = []
-        chosen_row = None
-        if disc.height == 0:
-            reasons.append(f"no {rule} run on the {discovery} split")
-        elif scored:
-            ok = disc.filter(pl.col("noninferior").fill_null(False))
-            if ok.height == 0:
-                reasons.append(f"no setting is non-inferior at δ = {margin:g} on {discovery}")
-            else:
-                chosen_row = ok.sort("speedup_vs_reference", descending=True, nulls_last=True).row(
-                    0, named=True
-                )
+        verdict = None
+        scored = fam["accuracy_delta"].is_not_null().any()
+        if not ref_dirs:
+            reasons = [f"no paired {fam['reference'][0]} run to judge {rule} against"]
+        elif not scored:
+            reasons = ["the task has no scorer: accuracy cannot be tested"]
+            caveats.append("fidelity is shown by output divergence only")
         else:
-            caveats.append("the task has no scorer: fidelity is shown by divergence only")
-            chosen_row = disc.sort("speedup_vs_reference", descending=True, nulls_last=True).row(
-                0, named=True
+            settings = select_mod.settings_frame([logs.read_manifest(d) for d in rel_dirs])
+            # Parameters left at their defaults are null in every run: not a setting axis.
+            cols = [c for c in cols if c in settings.columns and settings[c].is_not_null().any()]
+            cols = cols or [knob]
+            requests = logs.scan(rel_dirs, "requests").collect().join(settings, on="run")
+            reference = logs.scan(ref_dirs, "requests").collect()
+            try:
+                verdict = select_mod.recommend(
+                    requests, reference, cols, margin=margin, alpha=alpha,
+                    min_items=min_items, discovery=discovery, confirmation=confirmation,
+                )  # fmt: skip
+                reasons = list(verdict.reasons)
+            except ValueError as exc:
+                reasons = [f"no verdict: {exc}"]
+        chosen = verdict.setting if verdict is not None else None
+        rows = {split: _setting_row(fam, split, chosen) for split in (discovery, confirmation)}
+        shown = (rows[discovery] or {}).get("setting")
+        if chosen is None:
+            # Nothing chosen: show the fastest setting's numbers, labelled as not chosen.
+            fastest = fam.filter(pl.col("split") == discovery).sort(
+                "speedup_vs_reference", descending=True, nulls_last=True
             )
-        conf_row = None
-        if chosen_row is not None:
-            match = conf.filter(pl.col("setting") == chosen_row["setting"])
-            conf_row = match.row(0, named=True) if match.height else None
-            if conf_row is None:
-                reasons.append(f"the chosen setting has no run on the {confirmation} split")
-        verdict = _verdict(chosen_row, conf_row, scored, reasons)
-        for row, name in ((chosen_row, discovery), (conf_row, confirmation)):
-            if row is not None and scored and (row["n_requests"] or 0) < MIN_ITEMS:
-                caveats.append(
-                    f"only {row['n_requests']} requests on {name}: intervals are wide and "
-                    f"non-inferiority is hard to show"
-                )
-            if (
-                row is not None
-                and row["bound"] is not None
-                and row["identical_ci_high"] is not None
-            ):
-                if row["identical_ci_high"] < row["bound"]:
+            if fastest.height:
+                label = fastest["setting"][0]
+                rows = {
+                    split: _public(_first(fam.filter((pl.col("split") == split)
+                                                     & (pl.col("setting") == label))))
+                    for split in (discovery, confirmation)
+                }  # fmt: skip
+                shown = label
+        for split, row in rows.items():
+            if row is not None and row.get("bound") is not None:
+                if (row.get("identical_ci_high") or 0.0) < row["bound"]:
                     caveats.append(
-                        f"{name}: measured identical-output rate is below the (1 − ε)^T bound"
+                        f"{split}: measured identical-output rate is below the (1 − ε)^T bound"
                     )
+        disc = fam.filter(pl.col("split") == discovery).sort("value")
+        status = verdict.status if verdict is not None else "INCONCLUSIVE"
         out.append(
             _jsonable(
                 {
                     "rule": rule,
                     "reference": fam["reference"][0],
                     "knob": knob,
-                    "verdict": verdict,
-                    "chosen": {knob: chosen_row["value"]} if chosen_row else None,
-                    "setting": chosen_row["setting"] if chosen_row else None,
-                    "discovery": _public(chosen_row),
-                    "confirmation": _public(conf_row),
+                    "verdict": status,
+                    "chosen": chosen,
+                    "setting": shown if chosen else None,
+                    "shown_setting": shown,
+                    "discovery": rows[discovery],
+                    "confirmation": rows[confirmation],
                     "frontier": [_public(r) for r in disc.iter_rows(named=True)],
                     "reasons": reasons,
                     "caveats": caveats,
+                    "n_required": verdict.n_required if verdict is not None else None,
+                    "select": verdict.to_dict() if verdict is not None else None,
                 }
             )
         )
     return out
 
 
-def _verdict(chosen: Any, conf: Any, scored: bool, reasons: list[str]) -> str:
-    if chosen is None:
-        return "no-go" if scored else "inconclusive"
-    if conf is None or not scored:
-        return "inconclusive"
-    faster = (conf["speedup_vs_reference"] or 0.0) > 1.0
-    if not conf["noninferior"]:
-        reasons.append("the chosen setting is not non-inferior on the confirmation split")
-    if not faster:
-        reasons.append("the chosen setting is not faster than the reference on confirmation")
-    return "go" if conf["noninferior"] and faster else "no-go"
+def _first(frame: Any) -> dict[str, Any] | None:
+    return frame.row(0, named=True) if frame.height else None
+
+
+def _setting_row(fam: Any, split: str, setting: Mapping[str, Any] | None) -> dict | None:
+    """The audit row of ``setting`` (select's parameter dict) on ``split``."""
+    if not setting:
+        return None
+    for row in fam.filter(fam["split"] == split).iter_rows(named=True):
+        params = json.loads(row["params"])
+        if all(params.get(k) == v for k, v in setting.items()):
+            return _public(row)
+    return None
 
 
 def _public(row: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -897,27 +915,54 @@ def task_summary(
         facts = manifest_facts(runs_dir, task)
     except Exception as exc:  # the summary must still be written, saying what failed
         errors.append(f"summary: {type(exc).__name__}: {exc}")
-    failed_nb = [nb for nb in notebooks if not nb.get("ok")]
-    status = "failed" if errors or failed_nb else "ok"
-    return _jsonable(
-        {
-            "schema": SUMMARY_SCHEMA,
-            "schema_version": SUMMARY_SCHEMA_VERSION,
-            "batch": batch,
-            "task": task,
-            "task_slug": task_slug(task),
-            "generated_at": _now(),
-            "package_version": __version__,
-            "status": status,
-            "margin": margin,
-            "alpha": alpha,
-            "families": families,
-            "manifest": facts,
-            "n_runs": len(run_dirs) if run_dirs is not None else facts.get("n_runs"),
-            "notebooks": list(notebooks),
-            "errors": errors,
-        }
+    summary = {
+        "schema": SUMMARY_SCHEMA,
+        "schema_version": SUMMARY_SCHEMA_VERSION,
+        "batch": batch,
+        "task": task,
+        "task_slug": task_slug(task),
+        "generated_at": _now(),
+        "package_version": __version__,
+        "status": "ok",
+        "margin": margin,
+        "alpha": alpha,
+        "families": families,
+        "manifest": facts,
+        "n_runs": facts.get("n_runs"),
+        "notebooks": [],
+        "errors": [],
+    }
+    return finish_summary(
+        summary,
+        batch=batch,
+        errors=errors,
+        notebooks=notebooks,
+        n_runs=len(run_dirs) if run_dirs is not None else None,
     )
+
+
+def finish_summary(
+    summary: Mapping[str, Any],
+    *,
+    batch: str | None = None,
+    errors: Sequence[str] = (),
+    notebooks: Sequence[Mapping[str, Any]] = (),
+    n_runs: int | None = None,
+) -> dict[str, Any]:
+    """Add the batch's facts to a :func:`task_summary` dict and set its ``status``.
+
+    ``status`` is ``failed`` when the summary or the batch recorded an error or any
+    notebook failed, else ``ok``.
+    """
+    out = {k: v for k, v in summary.items() if k != "python"}
+    out["batch"] = batch if batch is not None else out.get("batch")
+    out["errors"] = [*out.get("errors", []), *errors]
+    out["notebooks"] = [*out.get("notebooks", []), *notebooks]
+    if n_runs is not None:
+        out["n_runs"] = n_runs
+    failed = [nb for nb in out["notebooks"] if not nb.get("ok")]
+    out["status"] = "failed" if out["errors"] or failed else "ok"
+    return _jsonable(out)
 
 
 # --------------------------------------------------------------------------- markdown
@@ -928,7 +973,9 @@ def _pct(value: Any, digits: int = 1) -> str:
 
 
 def _points(row: Mapping[str, Any] | None) -> str:
-    if not row or row.get("accuracy_delta") is None:
+    if not row:
+        return "–"
+    if row.get("accuracy_delta") is None:
         return "– (no scorer)"
     d, lo, hi = row["accuracy_delta"], row.get("delta_ci_low"), row.get("delta_ci_high")
     ci = f" [{100 * lo:+.1f}, {100 * hi:+.1f}]" if lo is not None and hi is not None else ""
@@ -984,8 +1031,12 @@ def signoff_markdown(summary: Mapping[str, Any]) -> str:
             f"## {fam['rule']} vs {fam['reference']}: **{fam['verdict'].upper()}**",
             "",
             f"- chosen {fam['knob']}: **{fam.get('setting') or 'none'}** (on the discovery split)",
-            f"- speed-up over {fam['reference']} (confirmation): {_speed(conf)}",
         ]
+        if not fam.get("setting") and fam.get("shown_setting"):
+            out.append(f"- numbers below: the fastest setting, {fam['shown_setting']} (not chosen)")
+        if fam.get("n_required"):
+            out.append(f"- items per split needed for a powered decision: {fam['n_required']}")
+        out.append(f"- speed-up over {fam['reference']} (confirmation): {_speed(conf)}")
         if conf and conf.get("speedup_vs_baseline") is not None:
             out.append(f"- speed-up over target-only decoding: {conf['speedup_vs_baseline']:.2f}×")
         if conf and conf.get("tau") is not None:
