@@ -239,6 +239,7 @@ def accuracy_deltas(table: Any, margin: float) -> Any:
     )
     ax.set_yticks(y, _labels(rel))
     ax.set_xlabel("accuracy delta vs reference (percentage points, 95% CI)")
+    ax.set_ylabel("setting · split")
     ax.set_title("Accuracy delta (green: non-inferior at δ)")
     ax.legend(loc="lower right")
     return fig
@@ -260,6 +261,7 @@ def divergence(table: Any) -> Any:
     ax.set_yticks(y, _labels(rel))
     ax.set_xlim(0, 100)
     ax.set_xlabel("requests whose output differs from the reference (%, 95% CI)")
+    ax.set_ylabel("setting · split")
     ax.set_title("Hash divergence")
     return fig
 
@@ -377,5 +379,6 @@ def run_speed(overview: Any) -> Any:
     ax.barh(y, rows["tau_mean"].to_numpy(), color="#55a868")
     ax.set_yticks(y, _labels(rows), fontsize=8)
     ax.set_xlabel("τ: tokens emitted per target pass (mean)")
+    ax.set_ylabel("run (setting · split)")
     ax.set_title("Accepted length per run")
     return fig

@@ -1,0 +1,140 @@
+"""Figures: every plot draws the frame it is given, with labelled axes, and survives empties.
+
+Frames come from the real statistics (``stats``) over ``_synthetic.make_run`` logs and from
+``report.audit_table`` over fixture runs; the checks read back what matplotlib drew (the
+plotted values are the frame's, axes carry units, the figure fits a report page).
+"""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import numpy as np
+import polars as pl
+import pytest
+from _synthetic import make_run
+from test_batch import fake_collect, small_config
+
+from relaxspec_audit import batch, plots, report, stats
+
+THETAS = (0.5, 0.8, 0.9, 0.95)
+
+
+@pytest.fixture(scope="module")
+def positions():
+    return make_run(n_requests=12, rounds=6, k=4, seed=3)["positions"]
+
+
+@pytest.fixture(scope="module")
+def audit(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("plots")
+    plan = batch.load_config(small_config(tmp))
+    for config in plan.all_runs():
+        fake_collect(config.to_json(), str(tmp / "runs"), 1)
+    return report.audit_table(tmp / "runs", "arith", margin=0.1)
+
+
+@pytest.fixture(autouse=True)
+def _close():
+    yield
+    plt.close("all")
+
+
+def _check_axes(fig, n_axes=1):
+    axes = fig.get_axes()
+    assert len(axes) == n_axes
+    for ax in axes:
+        assert ax.get_xlabel() and ax.get_ylabel(), "both axes need a label"
+    w, h = fig.get_size_inches()
+    assert w <= plots.WIDTH + 1e-9 and 2 <= h <= 12  # readable at report width
+
+
+def test_rejected_in_nucleus_plots_the_fractions(positions):
+    anatomy = stats.rejection_anatomy(positions, THETAS)
+    fig = plots.rejected_in_nucleus(anatomy)
+    _check_axes(fig)
+    ax = fig.get_axes()[0]
+    (line,) = ax.get_lines()
+    expected = anatomy.filter(pl.col("measure") == "nucleus").sort("theta")
+    np.testing.assert_allclose(line.get_xdata(), THETAS)
+    np.testing.assert_allclose(line.get_ydata(), expected["fraction"].to_numpy() * 100)
+    assert "%" in ax.get_ylabel() and "θ" in ax.get_xlabel()
+
+
+def test_topk_and_rank_histogram(positions):
+    anatomy = stats.rejection_anatomy(positions, THETAS)
+    fig = plots.topk_share(anatomy)
+    _check_axes(fig)
+    heights = [p.get_height() for p in fig.get_axes()[0].patches]
+    expected = anatomy.filter(pl.col("measure") == "topk").sort("k")["fraction"].to_numpy() * 100
+    np.testing.assert_allclose(heights, expected)
+    fig = plots.rank_histogram(positions, max_rank=10)
+    _check_axes(fig)
+    counts = sum(p.get_height() for p in fig.get_axes()[0].patches)
+    rejected = positions.filter(
+        (pl.col("kind") == "draft") & (pl.col("cause") != "not_reached") & ~pl.col("passed_ratio")
+    )
+    assert counts == rejected.height  # every rejection is in one bar (ranks > 10 lumped)
+
+
+def test_entropy_and_acceptance(positions):
+    gaps = stats.entropy_gaps(positions)
+    fig = plots.entropy_gaps(gaps)
+    _check_axes(fig)
+    assert "nats" in fig.get_axes()[0].get_ylabel()
+    acc = stats.acceptance_by_position(positions).with_columns(pl.lit("exact").alias("setting"))
+    fig = plots.acceptance_by_position(acc)
+    _check_axes(fig)
+    (line,) = fig.get_axes()[0].get_lines()
+    np.testing.assert_allclose(line.get_ydata(), acc.sort("pos")["accept_rate"].to_numpy() * 100)
+
+
+def test_fidelity_figures(audit):
+    relaxed = audit.filter(~pl.col("is_reference"))
+    for fig in (
+        plots.accuracy_deltas(audit, margin=0.1),
+        plots.divergence(audit),
+        plots.bound_vs_measured(audit),
+        plots.frontier(audit.filter(pl.col("split") == "discovery"), margin=0.1),
+    ):
+        _check_axes(fig)
+    fig = plots.accuracy_deltas(audit, margin=0.1)
+    ax = fig.get_axes()[0]
+    assert len(ax.get_yticklabels()) == relaxed.height
+    # The margin line sits at −100·δ points.
+    assert any(np.allclose(line.get_xdata(), -10.0) for line in ax.get_lines())
+
+
+def test_frontier_rings_the_chosen_setting(audit):
+    disc = audit.filter(pl.col("split") == "discovery")
+    fig = plots.frontier(disc, margin=0.1, chosen=["nucleus θ=0.8"])
+    ax = fig.get_axes()[0]
+    texts = {t.get_text() for t in ax.texts}
+    assert set(disc["setting"].to_list()) <= texts
+    assert len(ax.collections) >= 1  # the ring (scatter) around the chosen point
+
+
+@pytest.mark.parametrize(
+    "draw",
+    [
+        lambda: plots.rejected_in_nucleus(stats.rejection_anatomy(_no_rejections(), THETAS)),
+        lambda: plots.rank_histogram(_no_rejections()),
+        lambda: plots.first_divergence(
+            pl.DataFrame(
+                schema={"diverged": pl.Boolean, "first_pos": pl.Int64, "setting": pl.String}
+            )
+        ),
+    ],
+)
+def test_empty_frames_draw_a_message(draw):
+    fig = draw()
+    ax = fig.get_axes()[0]
+    assert ax.texts, "an empty figure says why it is empty"
+
+
+def _no_rejections():
+    pos = make_run(n_requests=3, rounds=2, k=3, seed=1)["positions"]
+    return pos.with_columns(pl.lit(True).alias("passed_ratio"))
