@@ -820,6 +820,43 @@ def deviation_per_request(
     ).drop("_lb")
 
 
+def deviation_by_position(
+    positions: Frame,
+    es_idx: int,
+    *,
+    by: Sequence[str] = (),
+    cluster: str = CLUSTER,
+    alpha: float = 0.05,
+) -> pl.DataFrame:
+    """Mean per-position ``E_S`` at the run's θ by position in the block (SPEC §2.3).
+
+    Over reached draft positions: ``E_S`` is the TV distance between NSD's output
+    distribution and ``p`` at that position (``TV(P, p) = E_S``); its mean at each
+    ``pos`` is a clustered ratio of sums (:func:`clustered_ratio`).
+
+    Returns:
+        Columns ``*by, pos, es_mean, ci_low, ci_high, n_positions``.
+    """
+    by = list(by)
+    lf = _draft_rows(
+        _lazy(positions, "positions", [cluster, "kind", "cause", "pos", *by]), "reached"
+    )
+    pc = (
+        lf.group_by([*by, "pos", cluster])
+        .agg(_es_expr(lf, es_idx).sum().alias("_es"), pl.len().cast(pl.Float64).alias("_n"))
+        .collect()
+    )
+    res = clustered_ratio(pc, "_es", "_n", by=[*by, "pos"], alpha=alpha)
+    return res.select(
+        *by,
+        "pos",
+        pl.col("estimate").alias("es_mean"),
+        "ci_low",
+        "ci_high",
+        pl.col("n").cast(pl.Int64).alias("n_positions"),
+    ).sort([*by, "pos"])
+
+
 def deviation_accounting(
     positions: Frame,
     es_idx: int,
@@ -1394,6 +1431,8 @@ def audit_summary(
         if j is not None:
             dev = deviation_accounting(pos, j, divergence=hd)
             out["deviation"] = {"theta": run_theta, **_nan_to_none(dev.row(0, named=True))}
+            dbp = deviation_by_position(pos, j, alpha=alpha)
+            out["deviation"]["by_position"] = _records(dbp, dbp.columns)
     if ref_req is not None:
         by = ["task"] if "task" in requests.columns and "task" in ref_req.columns else []
         if requests["score"].is_not_null().any() and ref_req["score"].is_not_null().any():

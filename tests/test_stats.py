@@ -523,3 +523,18 @@ def test_pair_requests_pairs_samples_in_run_order():
         ("a", 1, 2.0, 20.0),
         ("b", 0, 5.0, 50.0),
     ]
+
+
+def test_deviation_by_position_hand_means():
+    df = _pos(
+        [
+            {"request_id": "a", "pos": 0, "es": [0.0, 0.1]},
+            {"request_id": "a", "pos": 1, "es": [0.0, 0.3]},
+            {"request_id": "b", "pos": 0, "es": [0.0, 0.2]},
+            {"request_id": "b", "pos": 1, "es": [0.0, 0.9], "cause": "not_reached"},
+        ]
+    )
+    res = S.deviation_by_position(df, 1)
+    assert res["pos"].to_list() == [0, 1]
+    assert res["es_mean"].to_list() == pytest.approx([0.15, 0.3])
+    assert res["n_positions"].to_list() == [2, 1]
