@@ -569,6 +569,30 @@ def _tmp_path(final: Path) -> Iterator[Path]:
             tmp.unlink(missing_ok=True)
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _clean_stale(folders: Iterable[Path]) -> None:
+    """Remove temp files/folders that a killed earlier fetch left (its pid is gone)."""
+    for folder in folders:
+        if not folder.is_dir():
+            continue
+        for tmp in folder.glob(".*.tmp-*"):
+            pid = tmp.name.rsplit(".tmp-", 1)[1]
+            if pid.isdigit() and not _pid_alive(int(pid)):
+                if tmp.is_dir():
+                    shutil.rmtree(tmp, ignore_errors=True)
+                else:
+                    tmp.unlink(missing_ok=True)
+
+
 def _disk_full(exc: OSError) -> bool:
     return exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
@@ -985,6 +1009,7 @@ def fetch_real(
     cache = _cache(cache_dir)
     staging = cache / STAGING
     wheels = staging / "wheels"
+    _clean_stale([cache, cache / PAIR_DIR, staging])
     todo = [specs[r] for r in roles if read_marker(cache / PAIR_DIR / r) is None]
     if todo and convert is dequantise_subprocess:
         check_convert_deps()

@@ -315,6 +315,17 @@ def test_failed_dequantisation_leaves_no_cache_and_resumes_from_the_gguf(toy):
     assert real.read_marker(toy.cache / "qwen2.5-coder" / "draft") is not None
 
 
+def test_leftovers_of_a_killed_fetch_are_removed(toy):
+    dead = toy.cache / "qwen2.5-coder" / ".draft.tmp-999999999"  # no such pid
+    dead.mkdir(parents=True)
+    (dead / "model.safetensors").write_bytes(b"half")
+    staged = toy.cache / ".downloads" / ".toy.gguf.tmp-999999999"
+    staged.parent.mkdir(parents=True)
+    staged.write_bytes(b"half")
+    _fetch(toy)
+    assert not dead.exists() and not staged.exists()
+
+
 def test_converter_that_writes_no_weights_is_an_error(toy):
     with pytest.raises(FetchError, match=r"wrote no \*\.safetensors"):
         _fetch(toy, convert=lambda gguf, out: None)
