@@ -649,6 +649,9 @@ class BatchResult:
         return all(t.ok for t in self.tasks)
 
 
+_PAIR_CACHE: dict[tuple, Any] = {}
+
+
 def _collect_one(config_json: str, runs_dir: str, threads: int) -> tuple[str, str | None]:
     """Collect one run (in a worker process); return (run folder, error or None)."""
     config = RunConfig.from_json(config_json)
@@ -658,7 +661,16 @@ def _collect_one(config_json: str, runs_dir: str, threads: int) -> tuple[str, st
         torch.set_num_threads(threads)  # share the cores between parallel shards
         from relaxspec_audit import decoder
 
-        path = decoder.collect(config, Path(runs_dir), resume=True, progress=None)
+        draft = None if config.rule == TARGET_ONLY else config.draft
+        key = (config.target, draft, config.device, config.dtype)
+        if key not in _PAIR_CACHE:
+            # One pair in memory per process: consecutive runs of one model pair (the
+            # usual order of a config) load it once; a different pair replaces it.
+            _PAIR_CACHE.clear()
+            _PAIR_CACHE[key] = decoder.load_pair(config.target, draft, config.device, config.dtype)
+        path = decoder.collect(
+            config, Path(runs_dir), resume=True, progress=None, pair=_PAIR_CACHE[key]
+        )
         return str(path), None
     except Exception as exc:
         return str(config.run_dir(runs_dir)), f"{type(exc).__name__}: {exc}"

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from _synthetic import make_run
 
-from relaxspec_audit import batch, logs
+from relaxspec_audit import batch, logs, report
 from relaxspec_audit.config import RunConfig
 
 # ---------------------------------------------------------------------- fixture helpers
@@ -330,3 +330,33 @@ def test_failing_notebook_is_saved_and_batch_goes_on(tmp_path, monkeypatch):
     # Code cells are hidden in the HTML: no source line of the notebook shows up.
     html = (result.report_dir / "arith" / "signoff.html").read_text()
     assert "import relaxspec_audit" not in html and "report.task_summary(" not in html
+
+
+@pytest.mark.slow
+def test_real_decoder_collects_and_resumes(tmp_path, tiny_llama_pair):
+    """The real decoder on the tiny Llama pair: runs are written, then resumed for free."""
+    pair = {"target": str(tiny_llama_pair.target_dir), "draft": str(tiny_llama_pair.draft_dir)}
+    plan = batch.plan_task(
+        "arith",
+        [{"rule": "target", "temperature": 0}, "exact", {"rule": "nucleus", "theta": 0.9}],
+        splits=["discovery"],
+        limit=2,
+        max_new_tokens=8,
+        k=3,
+        device="cpu",
+        **pair,
+    )
+    first = batch.collect_runs(plan.runs, tmp_path / "runs")
+    assert [e for _, e in first.values()] == [None] * 3
+    for config in plan.runs:
+        path, _ = first[config.to_json()]
+        assert path == config.run_dir(tmp_path / "runs")
+        manifest = logs.read_manifest(path)
+        assert manifest["status"] == "complete" and manifest["n_requests"] == 2
+    table = report.runs_table(tmp_path / "runs", "arith")
+    assert sorted(table["rule"].to_list()) == ["exact", "nucleus", "target"]
+    # Collecting again finds every request finished: same folders, nothing re-decoded.
+    mtimes = {p: (p / "requests").stat().st_mtime_ns for p, _ in first.values()}
+    again = batch.collect_runs(plan.runs, tmp_path / "runs")
+    assert {p for p, _ in again.values()} == set(mtimes)
+    assert {p: (p / "requests").stat().st_mtime_ns for p in mtimes} == mtimes
