@@ -345,8 +345,12 @@ def frontier(table: Any, margin: float | None = None, chosen: Sequence[str] = ()
             y = (1 - part["divergence"].fill_null(0.0).to_numpy()) * 100
             yerr = None
         cont = ax.errorbar(x, y, yerr=yerr, fmt="o-", capsize=3, label=f"vs {key[0]}", alpha=0.9)
-        for xi, yi, name in zip(x, y, part["setting"].to_list(), strict=True):
-            ax.annotate(name, (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        refs = part["is_reference"].to_list()
+        for j, (xi, yi, name) in enumerate(zip(x, y, part["setting"].to_list(), strict=True)):
+            # Staggered offsets keep labels of nearby settings apart; references go left.
+            offset = (-6, 6) if refs[j] else (4, 4 + 9 * (j % 3))
+            ax.annotate(name, (xi, yi), textcoords="offset points", xytext=offset, fontsize=8,
+                        ha="right" if refs[j] else "left")  # fmt: skip
             if name in chosen:
                 ax.scatter([xi], [yi], s=220, facecolors="none", edgecolors=cont[0].get_color(),
                            linewidths=2, zorder=5)  # fmt: skip

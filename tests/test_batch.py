@@ -64,6 +64,8 @@ def write_fixture_run(config: RunConfig, runs_dir: Path, n_requests: int = 6) ->
 
             request = {k: v[0] for k, v in cols("requests").items()}
             request.update(item_id=new_id, split=split)
+            if config.task == "story":  # the open-ended task has no scorer
+                request["score"] = None
             if config.rule == "asd":
                 rounds = cols("rounds")
                 rounds["spent"] = list(np.cumsum(np.full(len(rounds["round"]), 0.5)))
@@ -360,3 +362,23 @@ def test_real_decoder_collects_and_resumes(tmp_path, tiny_llama_pair):
     again = batch.collect_runs(plan.runs, tmp_path / "runs")
     assert {p for p, _ in again.values()} == set(mtimes)
     assert {p: (p / "requests").stat().st_mtime_ns for p in mtimes} == mtimes
+
+
+def test_unscored_task_is_inconclusive_but_shows_divergence(tmp_path):
+    """An open-ended task: no accuracy to test, so no PASS; divergence and speed still shown."""
+    data = small_config(tmp_path)
+    data["tasks"][0]["task"] = "story"
+    for config in batch.load_config(data).all_runs():
+        fake_collect(config.to_json(), str(tmp_path / "runs"), 1)
+    families = report.recommend(tmp_path / "runs", "story", margin=0.05)
+    assert {f["rule"]: f["verdict"] for f in families} == {
+        "nucleus": "INCONCLUSIVE",
+        "asd": "INCONCLUSIVE",
+    }
+    for fam in families:
+        assert fam["chosen"] is None and fam["shown_setting"]
+        assert "no scorer" in " ".join(fam["reasons"])
+        conf = fam["confirmation"]
+        assert conf["accuracy_delta"] is None and conf["divergence"] is not None
+    text = report.signoff_markdown(report.task_summary(tmp_path / "runs", "story"))
+    assert "INCONCLUSIVE" in text and "no scorer" in text
