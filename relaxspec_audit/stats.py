@@ -1301,6 +1301,20 @@ def _records(df: pl.DataFrame, cols: Sequence[str]) -> list[dict[str, Any]]:
     return _nan_to_none(df.select(cols).to_dicts())
 
 
+# Columns audit_summary reads from rounds / requests (prompt_ids, text, … are skipped:
+# with a writer's many small parts, every extra column costs a decode per file).
+_ROUND_COLS = ("run_id", "request_id", "k", "accepted", "emitted", "draft_s", "verify_s")
+_REQUEST_COLS = ("run_id", "request_id", "item_id", "task", "split", "output_ids",
+                 "output_sha256", "n_tokens", "target_passes", "wall_s", "score")  # fmt: skip
+
+
+def _needed(frame: Frame, name: str, cols: Sequence[str]) -> pl.DataFrame:
+    """Collect the columns of ``cols`` that exist (``request_id`` is required)."""
+    lf = _lazy(frame, name, ["request_id"])
+    have = set(lf.collect_schema().names())
+    return lf.select([c for c in cols if c in have]).collect().rechunk()
+
+
 def audit_summary(
     runs: RunFrames | str | Path | Iterable[str | Path],
     *,
@@ -1354,9 +1368,11 @@ def audit_summary(
     pos_lf = pos_lf.select(*cols, *extra).with_columns(pl.col(cat).cast(pl.Categorical))
     if "es" in extra and es_grid is not None:
         pos_lf = flatten_es(pos_lf, len(es_grid))
-    pos = pos_lf.collect()
-    rounds = _lazy(runs.rounds, "rounds", ["request_id"]).collect()
-    requests = _lazy(runs.requests, "requests", ["request_id"]).collect()
+    # One chunk per column: a scan of many part files yields thousands of chunks, and
+    # every later group_by / window pays for them.
+    pos = pos_lf.collect().rechunk()
+    rounds = _needed(runs.rounds, "rounds", _ROUND_COLS)
+    requests = _needed(runs.requests, "requests", _REQUEST_COLS)
 
     # Runs collected without per-position logs (or still empty) get the request- and
     # round-level statistics only; missing ones are empty lists / nulls, never errors.
@@ -1419,7 +1435,7 @@ def audit_summary(
         out["counterfactual_nsd_first_order"] = _records(cf, cf.columns)
     ref_req = hd = None
     if reference is not None:
-        ref_req = _lazy(reference.requests, "reference", ["item_id"]).collect()
+        ref_req = _needed(reference.requests, "reference", _REQUEST_COLS)
         hd = hash_divergence(requests, ref_req, by=[], alpha=alpha)
         out["hash_divergence"] = _nan_to_none(hd.row(0, named=True))
     run_theta = _run_theta(runs.manifests)
@@ -1457,7 +1473,7 @@ def audit_summary(
         sp = paired_speedup(requests, ref_req, by=[], alpha=alpha).row(0, named=True)
         out["speedup_vs_reference"] = _nan_to_none(sp)
     if baseline is not None:
-        base_req = _lazy(baseline.requests, "baseline", ["item_id"]).collect()
+        base_req = _needed(baseline.requests, "baseline", _REQUEST_COLS)
         sp = paired_speedup(requests, base_req, by=[], alpha=alpha).row(0, named=True)
         out["speedup_vs_baseline"] = _nan_to_none(sp)
     return _nan_to_none(out)
