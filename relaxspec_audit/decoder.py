@@ -7,8 +7,10 @@ KV cache, giving ``p_1..p_{K+1}``; the rule of ``rules.py`` accepts a prefix of 
 emitted sequence (never recomputed). The emitted token is fed at the start of the next round.
 
 Cache invariant: between rounds both caches hold every token of ``prompt + output`` except
-the last one. The draft never ran on ``x_K``; when all ``K`` drafts were accepted its cache
-is one token short and the next round feeds it ``[x_K, bonus]``.
+the last one (the prefill runs the whole prompt and its last logits serve as ``p_1`` and
+``q_1`` of the first round, which then feeds the target only the drafts). The draft never
+ran on ``x_K``; when all ``K`` drafts were accepted its cache is one token short and the
+next round feeds it ``[x_K, bonus]``.
 
 Randomness is coupled (SPEC §4): every draw is ``rng.uniforms(seed, request_key, abs_pos,
 purpose)`` used through the inverse CDF, so runs of different rules with one seed share
@@ -412,10 +414,13 @@ def _forward(model: Any, ids: torch.Tensor, cache: Any, keep: int) -> torch.Tens
     return model(input_ids=ids, use_cache=True, logits_to_keep=keep, **kwargs).logits
 
 
-def _prefill(model: Any, prompt: torch.Tensor, cache: Any) -> None:
-    # Every prompt token but the last: the last one is fed with the round's first pass.
-    if prompt.shape[1] > 1:
-        _forward(model, prompt[:, :-1], cache, keep=1)
+def _prefill(model: Any, prompt: torch.Tensor, cache: Any, v: int) -> torch.Tensor:
+    """Run the whole prompt; return the logits ``[1, V]`` that predict the first new token.
+
+    Using them saves one pass per request per model (the first round then feeds only the
+    drafts to the target, and nothing to the draft before its first proposal).
+    """
+    return _forward(model, prompt, cache, keep=1)[:, -1, :v]
 
 
 def _rule_theta(config: RunConfig) -> float:
@@ -511,8 +516,8 @@ def _decode_speculative(
 
     prompt = torch.tensor([prompt_ids], dtype=torch.long, device=dev)  # [1, L]
     t_cache, d_cache = _new_cache(pair.target), _new_cache(pair.draft)
-    _prefill(pair.target, prompt, t_cache)
-    _prefill(pair.draft, prompt, d_cache)
+    t_next = _prefill(pair.target, prompt, t_cache, v).float()  # [1, V], p_1 of round 0
+    d_next = _prefill(pair.draft, prompt, d_cache, v)  # [1, V], q_1 of round 0
     seq = list(map(int, prompt_ids))  # prompt + output, host side
     n_prompt = len(seq)
     state = None  # per-request rule state (the ASD ledger `spent`)
@@ -530,7 +535,10 @@ def _decode_speculative(
         feed = torch.tensor([seq[d_cache.get_seq_length() :]], dtype=torch.long, device=dev)
         drafts, q_rows = [], []
         for i in range(k):
-            logits = _forward(pair.draft, feed, d_cache, keep=1)[:, -1, :v]  # [1, V]
+            if d_next is not None:  # first round: the prefill already predicted x_1
+                logits, d_next = d_next, None
+            else:
+                logits = _forward(pair.draft, feed, d_cache, keep=1)[:, -1, :v]  # [1, V]
             q_i = transform_logits(logits, config.temperature, config.top_k, config.top_p)
             if greedy:
                 x_i = logits.argmax(-1)  # [1]
@@ -543,8 +551,13 @@ def _decode_speculative(
         q = torch.stack(q_rows, 1)  # [1, K, V]
         t1 = timer.now()
         # --- verify: last emitted token + K drafts in ONE target pass
-        t_in = torch.cat([torch.tensor([[seq[-1]]], device=dev), drafts_t], 1)  # [1, K+1]
-        z = _forward(pair.target, t_in, t_cache, keep=0)[..., :v].float()  # [1, K+1, V]
+        if t_next is not None:  # first round: p_1 came with the prefill, feed the drafts
+            z_d = _forward(pair.target, drafts_t, t_cache, keep=0)[..., :v].float()  # [1, K, V]
+            z = torch.cat([t_next.unsqueeze(1), z_d], 1)  # [1, K+1, V]
+            t_next = None
+        else:
+            t_in = torch.cat([torch.tensor([[seq[-1]]], device=dev), drafts_t], 1)  # [1, K+1]
+            z = _forward(pair.target, t_in, t_cache, keep=0)[..., :v].float()  # [1, K+1, V]
         passes += 1
         p = transform_logits(z, config.temperature, config.top_k, config.top_p)  # [1, K+1, V]
         block = rules.Block(
@@ -715,11 +728,11 @@ def _decode_target_only(
     log = config.log_positions
     prompt = torch.tensor([prompt_ids], dtype=torch.long, device=dev)
     cache = _new_cache(pair.target)
-    _prefill(pair.target, prompt, cache)
+    z_next = _prefill(pair.target, prompt, cache, v)  # [1, V]: the first token's logits
+    feed = prompt[:, -1:]  # replaced by each emitted token; the prefill covered the prompt
     n_new = config.max_new_tokens
     u_all = rng.uniforms(config.seed, key, np.arange(n_new, dtype=np.int64), rng.Purpose.SAMPLE)
     u_dev = torch.from_numpy(u_all).to(dev)  # [N], one transfer for the whole request
-    feed = prompt[:, -1:]
     output: list[int] = []
     pos_rows: list[dict[str, Any]] = []
     round_rows: list[tuple] = []
@@ -727,7 +740,10 @@ def _decode_target_only(
     n_grid = len(config.theta_grid)
     for i in range(n_new):
         t0 = timer.now()
-        z = _forward(pair.target, feed, cache, keep=1)[:, -1, :v].float()  # [1, V]
+        if z_next is not None:
+            z, z_next = z_next.float(), None
+        else:
+            z = _forward(pair.target, feed, cache, keep=1)[:, -1, :v].float()  # [1, V]
         if config.greedy:
             y = z.argmax(-1)  # [1]
         else:

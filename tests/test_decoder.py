@@ -379,6 +379,30 @@ def test_load_pair_from_disk(tiny_qwen2_pair):
     assert info["target"]["model_type"] == "qwen2" and len(info["draft"]["config_sha256"]) == 64
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run benchmarks/gpu.sh)")
+def test_cuda_greedy_matches_generate_and_logs(tiny_llama_pair):
+    import copy
+
+    dev = torch.device("cuda")
+    target = copy.deepcopy(tiny_llama_pair.target).to(dev)
+    draft = copy.deepcopy(tiny_llama_pair.draft).to(dev)
+    pair = decoder.make_pair(target, draft, tiny_llama_pair.tokenizer)
+    assert pair.device.type == "cuda"
+    cfg = _cfg(rule="greedy", temperature=0.0)
+    for i, prompt in enumerate(PROMPTS):
+        ids = pair.tokenizer(prompt)["input_ids"]
+        with torch.inference_mode():
+            ref = target.generate(
+                torch.tensor([ids], device=dev), max_new_tokens=24, do_sample=False, pad_token_id=0
+            )[0, len(ids) :].tolist()
+        rows = decoder.decode_request(pair, ids, cfg, f"r{i}")
+        assert rows.request["output_ids"] == ref
+        _check_request_logs(rows, k=cfg.k)
+    rows = decoder.decode_request(pair, ids, _cfg(rule="nucleus"), "s")
+    _check_request_logs(rows, k=cfg.k)
+    assert all(t > 0 for t in rows.rounds["verify_s"])
+
+
 def test_transform_logits_topk_topp():
     z = torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0]])
     p = decoder.transform_logits(z, 1.0, top_k=2)
