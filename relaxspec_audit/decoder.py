@@ -96,6 +96,9 @@ _EMIT_KEYS = (
     "in_nucleus",
 )
 _INT_COLS = ("rank", "target_argmax")
+# Rounds whose E_S is computed in one batched es_grid call (bounds the p, q kept alive:
+# about 2·K·V floats per round).
+_ES_BATCH_ROUNDS = 8
 _BOOL_COLS = ("passed_ratio", "in_nucleus", "accepted")
 
 
@@ -521,10 +524,19 @@ def _decode_speculative(
     seq = list(map(int, prompt_ids))  # prompt + output, host side
     n_prompt = len(seq)
     state = None  # per-request rule state (the ASD ledger `spent`)
-    pos_rows: list[dict[str, np.ndarray]] = []
+    round_info: list[tuple] = []  # host pieces of each round's position rows
     round_rows: list[tuple] = []
     stop = "length"
     passes = 0
+    es_pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # (p[:K] [K,V], q [K,V])
+    es_host: list[np.ndarray] = []  # [K, G] per logged round
+
+    def flush_es() -> None:
+        if es_pending:
+            p_b = torch.stack([pk for pk, _ in es_pending])  # [R, K, V]
+            q_b = torch.stack([qk for _, qk in es_pending])  # [R, K, V]
+            es_host.extend(rules.es_grid(p_b, q_b, grid).cpu().numpy())  # R x [K, G]
+            es_pending.clear()
 
     while len(seq) - n_prompt < config.max_new_tokens:
         start = len(seq) - n_prompt  # abs_pos of x_1
@@ -576,18 +588,18 @@ def _decode_speculative(
             if res.state is not None
             else torch.full((1,), math.nan, dtype=torch.float64, device=dev)
         )
-        head = [drafts_t[0].double(), res.accepted.double(), res.token.double(), spent]
+        # float64 first: torch.cat promotes the int/bool/float32 pieces to it (exact for ids)
+        head = [drafts_t[0].double(), res.accepted, res.token, spent]
         if log:
             a = res.accepted  # [1]
             p_row = p[0, a]  # [1, V], row K is the bonus distribution
             q_row = q[0, a.clamp(max=k - 1)]  # [1, V]; ignored on the host for a bonus
             emit = rules.token_stats(p_row, q_row, z[0, a], res.token, theta)
-            es = rules.es_grid(p[0, :k], q[0], grid)  # [K, G]
-            head += [
-                torch.stack([res.diag[c][0].double() for c in _DIAG_KEYS]).flatten(),
-                torch.stack([emit[c][0].double() for c in _EMIT_KEYS]),
-                es.double().flatten(),
-            ]
+            head += [res.diag[c][0] for c in _DIAG_KEYS] + [emit[c] for c in _EMIT_KEYS]
+            # E_S needs a sort over V: batched over rounds, not one small sort per round
+            es_pending.append((p[0, :k], q[0]))
+            if len(es_pending) >= _ES_BATCH_ROUNDS:
+                flush_es()
         host = torch.cat(head).cpu().numpy()  # the round's one device → host copy
         t2 = timer.now()
         x_host = host[:k].astype(np.int64)
@@ -608,13 +620,10 @@ def _decode_speculative(
             off += len(_DIAG_KEYS) * k
             emit_h = host[off : off + len(_EMIT_KEYS)]
             off += len(_EMIT_KEYS)
-            es_h = host[off : off + k * n_grid].reshape(k, n_grid)
             n_draft_rows = m if truncated else k
             emit_row = None if truncated else (a_host, y_host, emit_h)
-            pos_rows.append(
-                _round_rows(
-                    len(round_rows), start, x_host, diag, es_h, u_host, n_draft_rows, emit_row
-                )
+            round_info.append(
+                (len(round_rows), start, x_host, diag, u_host, n_draft_rows, emit_row)
             )
         seq.extend(emitted[:m])
         a_logged = m if truncated else a_host
@@ -625,6 +634,10 @@ def _decode_speculative(
         # --- roll both caches back to the emitted sequence (all but its last token)
         _crop(t_cache, len(seq) - 1)
         _crop(d_cache, len(seq) - 1)
+    flush_es()
+    pos_rows = [
+        _round_rows(*info[:4], es, *info[4:]) for info, es in zip(round_info, es_host, strict=True)
+    ]
     output_ids = seq[n_prompt:]
     return output_ids, stop, passes, _concat_positions(pos_rows, n_grid), _rounds(round_rows)
 
@@ -753,7 +766,7 @@ def _decode_target_only(
             if config.greedy:
                 p = transform_logits(z, 0.0)
             st = rules.token_stats(p, None, z, y, rules.DEFAULT_THETA)
-            host = torch.cat([y.double()] + [st[c].double() for c in _EMIT_KEYS]).cpu().numpy()
+            host = torch.cat([y.double()] + [st[c] for c in _EMIT_KEYS]).cpu().numpy()
             tok = int(host[0])
             row = {name: host[1 + j : 2 + j] for j, name in enumerate(_EMIT_KEYS)}
             row["q"] = row["entropy_q"] = row["tv_pq"] = np.array([math.nan])
