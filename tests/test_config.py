@@ -95,3 +95,31 @@ def test_rule_checks_use_rules_registry():
         RunConfig(rule="asd", temperature=1.0).validate()
     assert info.value.field == "temperature"
     RunConfig(rule="asd", temperature=0.0, params={"budget": 0.0}).validate()
+
+
+def test_collect_cli_parses_and_rejects_bad_options():
+    from click.testing import CliRunner
+
+    from relaxspec_audit.cli import main
+
+    runner = CliRunner()
+    res = runner.invoke(main, ["collect", "--rule", "asd", "--theta", "0.9"])
+    assert res.exit_code == 2 and "--theta: not a parameter of rule 'asd'" in res.output
+    res = runner.invoke(main, ["collect", "--rule", "nucleus", "--theta", "1.5"])
+    assert res.exit_code == 2 and "theta: must be in (0, 1], got 1.5" in res.output
+    res = runner.invoke(main, ["collect", "--k", "0"])
+    assert res.exit_code == 2 and "'k'" in res.output
+
+
+def test_collect_help_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from click.testing import CliRunner; from relaxspec_audit.cli import main;"
+        "r = CliRunner().invoke(main, ['collect', '--help']); assert r.exit_code == 0, r.output;"
+        "assert '--max-new-tokens' in r.output;"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
