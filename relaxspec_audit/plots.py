@@ -192,7 +192,8 @@ def acceptance_by_position(acc: Any, label: str = "setting") -> Any:
         x = part["pos"].to_numpy() + 1
         y, _, (lo, hi) = _err(part, "accept_rate", "ci_low", "ci_high", 100)
         (line,) = ax.plot(x, y, marker="o", label=str(key[0]))
-        ax.fill_between(x, lo, hi, alpha=0.15, color=line.get_color(), linewidth=0)
+        ax.fill_between(x, lo, hi, alpha=0.07, color=line.get_color(), linewidth=0)
+    ax.set_xticks(range(1, int(acc["pos"].max()) + 2))
     ax.set_xlabel("draft position in the block (1 = first)")
     ax.set_ylabel("accepted (% of rounds)")
     ax.set_ylim(0, 100)

@@ -53,6 +53,7 @@ img { max-width: 100%; height: auto; }
 .badge.INCONCLUSIVE, .badge.failed { background: var(--warn); }
 .muted { color: var(--muted); }
 .dataframe { font-size: 0.86em; }
+.output_html { overflow-x: auto; }
 """
 
 
@@ -632,9 +633,22 @@ def validate_parameters(**params: Any) -> None:
 
 
 def run_dirs(
-    runs_dir: str | Path, task: str, *, rule: str | None = None, split: str | None = None
+    runs_dir: str | Path,
+    task: str,
+    *,
+    rule: str | None = None,
+    split: str | None = None,
+    speculative: bool = False,
 ) -> list[str]:
-    """Run folders of a task, optionally of one rule and one split."""
+    """Run folders of a task, optionally of one rule, one split, or only speculative runs.
+
+    Args:
+        runs_dir: folder of run folders.
+        task: task name.
+        rule: keep only this rule.
+        split: keep only this split.
+        speculative: drop target-only runs (they verify no drafts).
+    """
     import polars as pl
 
     table = runs_table(runs_dir, task)
@@ -642,18 +656,23 @@ def run_dirs(
         table = table.filter(pl.col("rule") == rule)
     if split is not None:
         table = table.filter(pl.col("split") == split)
+    if speculative:
+        table = table.filter(pl.col("rule") != "target")
     return table["run_dir"].to_list()
 
 
 def label_runs(frame: Any, runs_dir: str | Path, task: str, on: str = "run") -> Any:
-    """Add ``rule``, ``setting`` and ``split`` of each run to a frame keyed by run id.
+    """Add ``setting``, ``split``, ``value`` (and ``rule``) of each run to a frame keyed by run.
 
-    ``logs.scan`` adds the run id as ``run``; statistics grouped ``by=["run"]`` keep it.
+    ``logs.scan`` adds the run id as ``run``, so a scanned table (lazy or not) can be
+    labelled before a statistic groups ``by=["setting"]``.
     """
-    table = runs_table(runs_dir, task).select(
-        "run_id", "setting", "split", "value", *(["rule"] if "rule" not in frame.columns else [])
-    )
-    return frame.join(table.rename({"run_id": on}), on=on, how="left")
+    import polars as pl
+
+    names = frame.collect_schema().names() if isinstance(frame, pl.LazyFrame) else frame.columns
+    keep = ["run_id", *(c for c in ("setting", "split", "value", "rule") if c not in names)]
+    table = runs_table(runs_dir, task).select(keep).rename({"run_id": on})
+    return frame.join(table.lazy() if isinstance(frame, pl.LazyFrame) else table, on=on, how="left")
 
 
 def runs_overview(runs_dir: str | Path, task: str) -> Any:
@@ -1018,6 +1037,11 @@ def signoff_markdown(summary: Mapping[str, Any]) -> str:
     """The one-page sign-off text of a task summary: verdicts, numbers, caveats."""
     out = [
         f"# Sign-off: `{summary['task']}`",
+        "",
+        "The record for deploying a relaxed rule on this task: per rule, the verdict, the "
+        "setting chosen on the discovery split and what it measured on the confirmation split "
+        "against its lossless reference, the caveats, and how the runs were made. "
+        "`summary.json` beside this page holds the same numbers.",
         "",
         f"Non-inferiority margin δ = {100 * summary['margin']:g} points, "
         f"{100 * (1 - summary['alpha']):g}% intervals. Status: **{summary['status']}**.",
