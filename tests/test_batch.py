@@ -149,6 +149,18 @@ def test_bundled_demo_config_parses():
     assert all(t["splits"] == ["discovery", "confirmation"] for t in data["tasks"])
 
 
+def test_bundled_demo_config_validates():
+    from relaxspec_audit.config import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    if not (Path(DEFAULT_TARGET).is_dir() and Path(DEFAULT_DRAFT).is_dir()):
+        pytest.skip("embedded model pair not built (make models)")
+    plan = batch.load_config(batch.bundled_config("demo"))
+    assert [t.task for t in plan.tasks] == ["arith", "story"]
+    # target, exact, nucleus x3, greedy, asd x2 on two splits.
+    assert [len(t.runs) for t in plan.tasks] == [16, 16]
+    assert plan.notebooks == batch.NOTEBOOKS
+
+
 @pytest.mark.parametrize(
     ("mutate", "expected"),
     [
