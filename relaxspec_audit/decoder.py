@@ -434,6 +434,49 @@ def _rule_theta(config: RunConfig) -> float:
     return DEFAULT_THETA
 
 
+def es_grid_topm(p: torch.Tensor, q: torch.Tensor, grid: list[float], m: int = 256) -> np.ndarray:
+    """``rules.es_grid`` computed on each row's top-``m`` tokens, exact, on the host.
+
+    A token can only be in a nucleus ``N_θ`` (θ ≤ max grid) if the mass ranked before it is
+    below θ. When the mass of the top-m tokens strictly above the m-th probability reaches
+    max θ, no token outside the top m (and none tied with the m-th) is in any nucleus of
+    the grid, and every nucleus member's ``mass_above`` is the same inside the top m as in
+    the whole vocabulary: E_S is exact. Rows where that fails (flat p) are recomputed on
+    the full vocabulary. This replaces a sort over V per position by a top-k.
+
+    Args:
+        p: ``[..., V]`` target probabilities.
+        q: ``[..., V]`` draft probabilities.
+        grid: θ values in (0, 1].
+        m: tokens kept per row.
+
+    Returns:
+        ``[..., G]`` float32 numpy array, E_S at each θ.
+    """
+    import torch
+
+    from relaxspec_audit.rules import es_grid
+
+    v = p.shape[-1]
+    if m >= v or max(grid) >= 1.0:
+        return es_grid(p, q, grid).cpu().numpy()
+    lead = p.shape[:-1]
+    p2, q2 = p.reshape(-1, v), q.reshape(-1, v)  # [N, V]
+    top_p, idx = torch.topk(p2, m, dim=-1)  # [N, m], descending
+    idx = idx.sort(dim=-1).values  # id order: es_grid's stable sort then breaks ties by id
+    p_m = p2.gather(-1, idx)  # [N, m]
+    q_m = q2.gather(-1, idx)  # [N, m]
+    t = top_p[:, -1:]  # [N, 1] the m-th probability
+    above = torch.where(top_p > t, top_p.double(), 0.0).sum(-1)  # [N] mass strictly above t
+    es = es_grid(p_m, q_m, grid)  # [N, G]
+    out = torch.cat([es.double(), above.unsqueeze(-1)], -1).cpu().numpy()  # one copy
+    es_np, safe = out[:, :-1].astype(np.float32), out[:, -1] >= max(grid)
+    if not safe.all():
+        rows = torch.from_numpy(np.flatnonzero(~safe)).to(p.device)
+        es_np[~safe] = es_grid(p2[rows], q2[rows], grid).cpu().numpy()
+    return es_np.reshape(*lead, len(grid))
+
+
 def decode_request(
     pair: Pair,
     prompt_ids: list[int],
@@ -535,7 +578,7 @@ def _decode_speculative(
         if es_pending:
             p_b = torch.stack([pk for pk, _ in es_pending])  # [R, K, V]
             q_b = torch.stack([qk for _, qk in es_pending])  # [R, K, V]
-            es_host.extend(rules.es_grid(p_b, q_b, grid).cpu().numpy())  # R x [K, G]
+            es_host.extend(es_grid_topm(p_b, q_b, grid))  # R x [K, G]
             es_pending.clear()
 
     while len(seq) - n_prompt < config.max_new_tokens:

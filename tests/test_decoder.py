@@ -548,3 +548,18 @@ def test_collect_in_process_and_summary(tiny_qwen2_pair, tmp_path):
     # a second collect of the same config resumes: nothing to do, nothing duplicated
     decoder.collect(cfg, tmp_path, pair=_pair(tiny_qwen2_pair))
     assert logs.scan(tmp_path, "requests").collect().height == 4
+
+
+@pytest.mark.parametrize("scale", [0.1, 1.0, 4.0])
+def test_es_grid_topm_equals_full_es_grid(scale):
+    """The top-m shortcut for E_S (SPEC §2.3) is exact, flat rows included (fallback)."""
+    grid = [0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99]
+    gen = torch.Generator().manual_seed(1)
+    z = torch.randn(4, 3, 700, generator=gen) * scale
+    p = torch.softmax(z, -1)
+    q = torch.softmax(z + torch.randn(z.shape, generator=gen), -1)
+    p[0, 0] = 0.0  # ties: ten tokens of 0.05, fifty of 0.01
+    p[0, 0, :10], p[0, 0, 10:60] = 0.05, 0.01
+    full = rules.es_grid(p, q, grid).numpy()
+    fast = decoder.es_grid_topm(p, q, grid, m=32)
+    np.testing.assert_array_equal(fast, full)
