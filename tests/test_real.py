@@ -157,6 +157,14 @@ def test_fetch_concatenates_parts_in_numeric_order_and_marks_complete(toy):
     assert _leftovers(toy.cache) == []
 
 
+def test_marker_hashes_detect_a_changed_cached_file(toy):
+    paths = _fetch(toy)
+    files = real.read_marker(paths.draft)["files"]
+    assert real._check_files(paths.draft, files) == []
+    (paths.draft / "model.safetensors").write_bytes(b"tampered")
+    assert real._check_files(paths.draft, files) == ["model.safetensors"]
+
+
 def test_second_fetch_is_a_no_op(toy):
     _fetch(toy)
     calls = len(toy.index.calls)
