@@ -122,7 +122,7 @@ def roofline(pair, device: torch.device, k: int, context: int = 128) -> dict:
     """
     from relaxspec_audit.decoder import _crop, _forward, _new_cache
 
-    n_bytes = 1 << 30
+    n_bytes = 1 << (30 if device.type == "cuda" else 27)  # copy size for the bandwidth
     buf = torch.empty(n_bytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(buf)
     dst.copy_(buf)
