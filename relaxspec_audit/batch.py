@@ -659,7 +659,11 @@ def _collect_one(config_json: str, runs_dir: str, threads: int) -> tuple[str, st
         import torch
 
         torch.set_num_threads(threads)  # share the cores between parallel shards
+        from transformers.utils import logging as hf_logging
+
         from relaxspec_audit import decoder
+
+        hf_logging.disable_progress_bar()  # the batch has its own bar over all runs
 
         draft = None if config.rule == TARGET_ONLY else config.draft
         key = (config.target, draft, config.device, config.dtype)
