@@ -87,7 +87,11 @@ def random_pair(name: str, device: torch.device, dtype: torch.dtype, seed: int =
     return decoder.make_pair(target, draft, None)
 
 
-def load(pair_name: str, device: torch.device, dtype: torch.dtype):
+def load(pair_name: str, device: torch.device, dtype: torch.dtype, paths=None):
+    if paths:
+        target, draft = paths
+        dname = str(dtype).removeprefix("torch.")
+        return "embedded", decoder.load_pair(target, draft, str(device), dname)
     if pair_name == "auto":
         built = (EMBEDDED_DIR / "target" / "config.json").exists()
         pair_name = "embedded" if built else "random-cpu"
@@ -174,6 +178,8 @@ def _sync(device: torch.device) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pair", default="auto", choices=["auto", "embedded", *SHAPES])
+    ap.add_argument("--target", help="target model path (with --draft: overrides --pair)")
+    ap.add_argument("--draft", help="draft model path")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--k", type=int, default=4)
@@ -196,7 +202,8 @@ def main() -> None:
     if threads:
         torch.set_num_threads(threads)
     dtype = decoder.resolve_dtype(args.dtype, device)
-    pair_name, pair = load(args.pair, device, dtype)
+    paths = (args.target, args.draft) if args.target and args.draft else None
+    pair_name, pair = load(args.pair, device, dtype, paths)
     prompts = prompts_for(pair_name, pair, args.prompts)
     k, n_new = args.k, args.max_new_tokens
     base = {"task": "bench", "target": "t", "draft": "d", "k": k, "max_new_tokens": n_new}
@@ -324,7 +331,8 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
     tau = tokens["spec greedy, log off"] / max(passes["spec greedy, log off"], 1)
-    print(f"## Decoder benchmark — pair `{pair_name}`\n")
+    shown = f"{pair_name} ({args.target}, {args.draft})" if paths else pair_name
+    print(f"## Decoder benchmark — pair `{shown}`\n")
     print(f"target {n_t / 1e6:.1f}M params, draft {n_d / 1e6:.1f}M, V={pair.vocab_size}, K={k},")
     print(f"{len(prompts)} prompts x {n_new} new tokens, {args.repeats} repeats (median),")
     print(f"greedy mean tau {tau:.2f}; greedy outputs identical across ours/HF: {identical}")

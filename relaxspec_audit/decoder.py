@@ -581,10 +581,14 @@ def _decode_speculative(
             es_host.extend(es_grid_topm(p_b, q_b, grid))  # R x [K, G]
             es_pending.clear()
 
+    # Every uniform the request can use (SPEC §4: keyed by absolute position), drawn on the
+    # host once and copied to the device in one transfer; rounds take slices.
+    u_all = _host_uniforms(config, key, 0, config.max_new_tokens + k + 1)  # [3, N+K+1]
+    u_all_dev = torch.from_numpy(u_all).to(dev)
     while len(seq) - n_prompt < config.max_new_tokens:
         start = len(seq) - n_prompt  # abs_pos of x_1
-        u_host = _host_uniforms(config, key, start, k + 1)  # [3, K+1]
-        u_dev = torch.from_numpy(u_host).to(dev, non_blocking=True)  # one transfer
+        u_host = u_all[:, start : start + k + 1]  # [3, K+1]
+        u_dev = u_all_dev[:, start : start + k + 1]  # [3, K+1]
         t0 = timer.now()
         # --- draft: K tokens autoregressively; feed what its cache lacks (1 or 2 tokens)
         feed = torch.tensor([seq[d_cache.get_seq_length() :]], dtype=torch.long, device=dev)
