@@ -394,3 +394,27 @@ def test_unscored_task_is_inconclusive_but_shows_divergence(tmp_path):
         assert conf["accuracy_delta"] is None and conf["divergence"] is not None
     text = report.signoff_markdown(report.task_summary(tmp_path / "runs", "story"))
     assert "INCONCLUSIVE" in text and "no scorer" in text
+
+
+@pytest.mark.slow
+def test_cli_batch_exits_nonzero_after_finishing_and_prints_the_index(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from relaxspec_audit.cli import main
+
+    monkeypatch.setattr(batch, "_collect_one", fake_collect)
+    data = small_config(tmp_path, notebooks=["collect"])
+    data["tasks"][0]["splits"] = ["discovery"]
+    data["tasks"][0]["rules"] = ["exact", {"rule": "nucleus", "theta": 0.9}]
+    data["tasks"][0]["rules"].append({"rule": "asd", "budget": [99.0]})  # one shard fails
+    out = tmp_path / "reports"
+    result = CliRunner().invoke(
+        main, ["batch", str(write_yaml(tmp_path, data)), "--out", str(out), "--runs",
+               str(tmp_path / "runs"), "--no-progress"],
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert f"index: {out.resolve() / 't' / 'index.html'}" in result.output
+    assert "fixture collect failure" in result.output
+    assert (out / "t" / "arith" / "collect.html").is_file()  # the task still got its report
+    summary = json.loads((out / "t" / "arith" / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["errors"]
