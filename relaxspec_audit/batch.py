@@ -735,6 +735,39 @@ def collect_runs(
     return out
 
 
+def check_kernel(kernel_name: str = KERNEL_NAME) -> str:
+    """Check that the Jupyter kernel runs this interpreter (where relaxspec_audit is).
+
+    jupyter_client starts a spec whose command is ``python`` with ``sys.executable``; a
+    spec pointing at another interpreter (e.g. a user-level ``python3`` kernel of the
+    system python) would run the notebooks without this package.
+
+    Returns:
+        The interpreter the kernel will run.
+
+    Raises:
+        RuntimeError: no such kernel, or it runs another interpreter (with the fix).
+    """
+    import sys
+
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    fix = f"install one for this interpreter: {sys.executable} -m ipykernel install --sys-prefix"
+    try:
+        spec = KernelSpecManager().get_kernel_spec(kernel_name)
+    except NoSuchKernel as exc:
+        raise RuntimeError(f"kernel_name: no Jupyter kernel {kernel_name!r}; {fix}") from exc
+    exe = spec.argv[0]
+    major, minor = sys.version_info[:2]
+    if exe in ("python", f"python{major}", f"python{major}.{minor}"):
+        return sys.executable
+    if exe == sys.executable or Path(exe).resolve() == Path(sys.executable).resolve():
+        return exe
+    raise RuntimeError(
+        f"kernel_name: Jupyter kernel {kernel_name!r} runs {exe}, not {sys.executable}; {fix}"
+    )
+
+
 def execute_notebook(
     name: str,
     out_dir: str | Path,
@@ -829,12 +862,14 @@ def run_batch(
 
     Raises:
         BatchConfigError: the config is invalid (nothing has been run).
+        RuntimeError: the Jupyter kernel does not run this interpreter (nothing run).
     """
     from tqdm.auto import tqdm
 
     from relaxspec_audit import report
 
     plan = config if isinstance(config, BatchConfig) else load_config(config)
+    check_kernel(kernel_name)  # before any work: a wrong kernel would fail every notebook
     runs_dir = Path(runs).resolve()
     report_dir = Path(out).resolve() / plan.name
     report_dir.mkdir(parents=True, exist_ok=True)

@@ -418,3 +418,20 @@ def test_cli_batch_exits_nonzero_after_finishing_and_prints_the_index(tmp_path, 
     assert (out / "t" / "arith" / "collect.html").is_file()  # the task still got its report
     summary = json.loads((out / "t" / "arith" / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["errors"]
+
+
+def test_kernel_check(monkeypatch):
+    import sys
+
+    # The venv's spec (command "python") runs the interpreter running the tests.
+    assert Path(batch.check_kernel()).resolve() == Path(sys.executable).resolve()
+    with pytest.raises(
+        RuntimeError, match=r"no Jupyter kernel 'no-such-kernel'.*ipykernel install"
+    ):
+        batch.check_kernel("no-such-kernel")
+    from jupyter_client import kernelspec
+
+    other = type("Spec", (), {"argv": ("/usr/bin/some-other-python3", "-m", "ipykernel_launcher")})
+    monkeypatch.setattr(kernelspec.KernelSpecManager, "get_kernel_spec", lambda self, n: other)
+    with pytest.raises(RuntimeError, match="runs /usr/bin/some-other-python3, not"):
+        batch.check_kernel()

@@ -17,6 +17,10 @@ def _run(config: str | Path, out: str, runs: str, jobs: int, progress: bool) -> 
         plan = batch_mod.load_config(config)
     except batch_mod.BatchConfigError as exc:
         raise click.ClickException(str(exc)) from exc
+    try:
+        batch_mod.check_kernel()
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from exc
     result = batch_mod.run_batch(plan, out=out, runs=runs, jobs=jobs, progress=progress)
     minutes = (time.perf_counter() - start) / 60
     for task in result.tasks:
