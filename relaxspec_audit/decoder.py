@@ -7,10 +7,11 @@ KV cache, giving ``p_1..p_{K+1}``; the rule of ``rules.py`` accepts a prefix of 
 emitted sequence (never recomputed). The emitted token is fed at the start of the next round.
 
 Cache invariant: between rounds both caches hold every token of ``prompt + output`` except
-the last one (the prefill runs the whole prompt and its last logits serve as ``p_1`` and
-``q_1`` of the first round, which then feeds the target only the drafts). The draft never
-ran on ``x_K``; when all ``K`` drafts were accepted its cache is one token short and the
-next round feeds it ``[x_K, bonus]``.
+the last one. The draft's prefill runs the whole prompt and its last logits give ``q_1`` of
+the first round; the target has no separate prefill: round 0 scores prompt + drafts in one
+pass (as transformers' assisted generation does). The draft never ran on ``x_K``; when all
+``K`` drafts were accepted its cache is one token short and the next round feeds it
+``[x_K, bonus]``.
 
 Randomness is coupled (SPEC §4): every draw is ``rng.uniforms(seed, request_key, abs_pos,
 purpose)`` used through the inverse CDF, so runs of different rules with one seed share
@@ -562,7 +563,7 @@ def _decode_speculative(
 
     prompt = torch.tensor([prompt_ids], dtype=torch.long, device=dev)  # [1, L]
     t_cache, d_cache = _new_cache(pair.target), _new_cache(pair.draft)
-    t_next = _prefill(pair.target, prompt, t_cache, v).float()  # [1, V], p_1 of round 0
+    # The target has no prefill of its own: round 0 verifies prompt + drafts in one pass.
     d_next = _prefill(pair.draft, prompt, d_cache, v)  # [1, V], q_1 of round 0
     seq = list(map(int, prompt_ids))  # prompt + output, host side
     n_prompt = len(seq)
@@ -609,14 +610,11 @@ def _decode_speculative(
         drafts_t = torch.stack(drafts, 1)  # [1, K]
         q = torch.stack(q_rows, 1)  # [1, K, V]
         t1 = timer.now()
-        # --- verify: last emitted token + K drafts in ONE target pass
-        if t_next is not None:  # first round: p_1 came with the prefill, feed the drafts
-            z_d = _forward(pair.target, drafts_t, t_cache, keep=0)[..., :v].float()  # [1, K, V]
-            z = torch.cat([t_next.unsqueeze(1), z_d], 1)  # [1, K+1, V]
-            t_next = None
-        else:
-            t_in = torch.cat([torch.tensor([[seq[-1]]], device=dev), drafts_t], 1)  # [1, K+1]
-            z = _forward(pair.target, t_in, t_cache, keep=0)[..., :v].float()  # [1, K+1, V]
+        # --- verify: what the target cache lacks (the last emitted token; the whole prompt
+        # in round 0) + the K drafts in ONE target pass; keep the last K+1 rows.
+        missing = torch.tensor([seq[t_cache.get_seq_length() :]], dtype=torch.long, device=dev)
+        t_in = torch.cat([missing, drafts_t], 1)  # [1, n + K]
+        z = _forward(pair.target, t_in, t_cache, keep=k + 1)[..., :v].float()  # [1, K+1, V]
         passes += 1
         p = transform_logits(z, config.temperature, config.top_k, config.top_p)  # [1, K+1, V]
         block = rules.Block(
