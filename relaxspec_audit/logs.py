@@ -26,6 +26,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -187,6 +188,8 @@ class RunWriter:
             writer adds environment info, times, status and the schema version.
         resume: keep finished requests of an existing folder (else start the folder over).
         chunk_size: finished requests per committed part.
+        flush_s: also commit when the oldest queued request has waited this long (seconds),
+            so a kill loses little work when requests are slow.
     """
 
     def __init__(
@@ -195,9 +198,12 @@ class RunWriter:
         manifest: Mapping[str, Any],
         resume: bool = True,
         chunk_size: int = 8,
+        flush_s: float = 60.0,
     ):
         self.run_dir = Path(run_dir)
         self.chunk_size = max(1, int(chunk_size))
+        self.flush_s = float(flush_s)
+        self._queued_at = 0.0
         self.run_id = str(manifest.get("run_id", self.run_dir.name.removeprefix("run=")))
         self._pending: list[RequestRows] = []
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -265,8 +271,11 @@ class RunWriter:
             r.request_id == rows.request_id for r in self._pending
         ):
             raise LogError(f"{self.run_dir}: request {rows.request_id!r} logged twice")
+        if not self._pending:
+            self._queued_at = time.monotonic()
         self._pending.append(rows)
-        if len(self._pending) >= self.chunk_size:
+        waited = time.monotonic() - self._queued_at
+        if len(self._pending) >= self.chunk_size or waited >= self.flush_s:
             self.flush()
 
     def flush(self) -> None:

@@ -182,3 +182,16 @@ def test_scan_many_runs_empty_table(tmp_path):
     assert logs.scan(tmp_path, "rounds").select(pl.col("run").n_unique()).collect().item() == 2
     pos = logs.scan(tmp_path, "positions").collect()
     assert pos.height == 0 and "es" in pos.columns and "task" in pos.columns
+
+
+def test_time_based_flush(tmp_path):
+    cfg = RunConfig()
+    rd = cfg.run_dir(tmp_path)
+    w = logs.RunWriter(rd, _manifest(cfg), chunk_size=100, flush_s=0.0)
+    w.add(_rows("a"))
+    assert logs.finished_request_ids(rd) == {"a"}  # committed at once despite chunk_size
+    w2 = logs.RunWriter(rd, _manifest(cfg), chunk_size=100, flush_s=3600)
+    w2.add(_rows("b"))
+    assert logs.finished_request_ids(rd) == {"a"}  # queued
+    w2.close()
+    assert logs.finished_request_ids(rd) == {"a", "b"}
