@@ -1,0 +1,173 @@
+"""The embedded model pair under data/models/arith (DESIGN "Embedded default").
+
+Loads both models offline exactly as a user's models are loaded, checks the tokenizer
+contract the decoder relies on, and re-measures the model card's numbers on a small
+sample: greedy correctness per item (deterministic) and the `exact`-rule acceptance
+α = Σ_x min(p, q) (SPEC §2.1) on the card's check sample.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from relaxspec_audit import tasks, zoo
+
+PAIR = Path(__file__).resolve().parent.parent / "data" / "models" / "arith"
+
+
+@pytest.fixture(scope="module")
+def metrics():
+    return json.loads((PAIR / "metrics.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def pair(metrics):
+    import torch
+
+    # The card was measured with this many threads; the same count gives the same
+    # float summation order, so greedy outputs and samples reproduce exactly.
+    torch.set_num_threads(metrics["config"]["threads"])
+    return zoo.load_pair(PAIR)
+
+
+def test_pair_is_committed_small_and_loads_offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    for role in ("target", "draft"):
+        folder = PAIR / role
+        assert (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file()
+        model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        assert model.config.model_type == "llama"
+        assert model.config.eos_token_id == tok.eos_token_id
+        assert model.generation_config.eos_token_id == tok.eos_token_id
+        assert model.generation_config.pad_token_id == tok.pad_token_id
+        assert model.get_input_embeddings().weight.shape[0] == len(tok)
+        out = model(torch.tensor([tok("Q: 1+2=?\nA:")["input_ids"]])).logits
+        assert out.shape[-1] == len(tok) and torch.isfinite(out).all()
+    total = sum(f.stat().st_size for f in PAIR.rglob("*") if f.is_file())
+    assert total < 15e6
+    assert (PAIR / "MODEL_CARD.md").is_file()
+
+
+def test_vocabularies_identical(pair):
+    target, draft, _ = pair
+    a = (PAIR / "target" / "tokenizer.json").read_bytes()
+    b = (PAIR / "draft" / "tokenizer.json").read_bytes()
+    assert a == b
+    assert target.config.vocab_size == draft.config.vocab_size
+    # The draft really is the smaller model.
+    assert zoo.count_params(draft) * 3 < zoo.count_params(target)
+
+
+def test_tokenizer_round_trips_task_text_and_adds_no_special_tokens(pair):
+    _, _, tok = pair
+    specials = {tok.eos_token_id, tok.bos_token_id, tok.pad_token_id}
+    texts = []
+    for name in tasks.BUNDLED:
+        for item in tasks.load_task(name).items:
+            texts.append(item.prompt)
+            texts.append(item.prompt + " " + (item.metadata.get("solution") or ""))
+    texts += ["def f(x):\n    return x ** 2  # ünïcode ✓\n", "#### -1,234.5"]
+    for text in texts:
+        ids = tok(text)["input_ids"]
+        assert not specials & set(ids)
+        assert tok.decode(ids) == text
+    # Digits are single tokens, so numbers are spelled the same in prompt and answer.
+    assert len(tok("1234567890")["input_ids"]) == 10
+    # Encoding prompt and completion separately equals encoding them together (the
+    # boundary the models were trained on and the decoder sees).
+    item = tasks.load_task("arith").items[0]
+    solution = " " + item.metadata["solution"]
+    assert tok(item.prompt + solution)["input_ids"] == (
+        tok(item.prompt)["input_ids"] + tok(solution)["input_ids"]
+    )
+
+
+def test_models_stop_with_eos_after_the_answer(pair):
+    import torch
+
+    target, _, tok = pair
+    item = tasks.load_task("arith").items[0]
+    ids = torch.tensor([tok(item.prompt)["input_ids"]])
+    out = target.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=48, do_sample=False
+    )
+    assert out[0, -1].item() == tok.eos_token_id
+    assert out.shape[1] - ids.shape[1] < 40
+    text = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    assert "####" in text
+
+
+def test_recorded_numbers_meet_the_realism_targets(metrics):
+    arith = metrics["accuracy"]["arith"]
+    assert arith["n"] == 120
+    assert 0.70 <= arith["target"] <= 0.97
+    # The draft is clearly worse at the answer (it is fluent, but cannot add).
+    assert arith["draft"] <= arith["target"] - 0.3
+    assert len(arith["target_correct"]) == round(arith["target"] * arith["n"])
+    alpha = metrics["acceptance"]["all"]["alpha"]
+    assert 0.5 <= alpha <= 0.9
+    assert metrics["acceptance"]["all"]["positions"] > 5000
+    card = (PAIR / "MODEL_CARD.md").read_text()
+    assert f"{100 * arith['target']:.1f}%" in card and f"{alpha:.3f}" in card
+
+
+@pytest.mark.parametrize("task_name", ["arith", "sort"])
+def test_greedy_accuracy_reproduces_the_card_item_by_item(pair, metrics, task_name):
+    target, draft, tok = pair
+    task = tasks.load_task(task_name, limit=zoo.CHECK_ITEMS if task_name == "arith" else 15)
+    ids = {item.id for item in task.items}
+    for role, model in (("target", target), ("draft", draft)):
+        scores = zoo.item_scores(model, tok, task)
+        got = {k for k, v in scores.items() if v}
+        want = set(metrics["accuracy"][task_name][f"{role}_correct"]) & ids
+        # Greedy decoding is deterministic; allow one flip from float summation order
+        # on other hardware or thread counts.
+        assert len(got ^ want) <= 1, (role, sorted(got ^ want))
+
+
+def test_acceptance_reproduces_the_card_on_the_check_sample(pair, metrics):
+    target, draft, tok = pair
+    seed = metrics["config"]["seed"]
+    for name in ("arith", "story"):
+        prompts = [i.prompt for i in tasks.load_task(name, limit=zoo.CHECK_PROMPTS).items]
+        got = zoo.acceptance_rate(target, draft, tok, prompts, seed)
+        want = metrics["check"][f"alpha_{name}"]
+        assert got["positions"] >= 0.9 * want["positions"]
+        assert got["alpha"] == pytest.approx(want["alpha"], abs=0.03)
+        # The small sample estimates the task-level number (sampling noise only).
+        assert got["alpha"] == pytest.approx(metrics["acceptance"][name]["alpha"], abs=0.1)
+
+
+def test_training_data_excludes_the_bundled_items_and_is_deterministic():
+    cfg = replace(zoo.ZooConfig(), n_arith=3000, n_sort=1000, n_story=200)
+    data = zoo.training_examples(cfg)
+    held_out = tasks.held_out_prompts()
+    for name in ("arith", "sort"):
+        assert not {p for p, _ in data[name]} & held_out
+    assert zoo.training_examples(cfg) == data
+    assert zoo.training_examples(replace(cfg, seed=1)) != data
+
+
+def test_training_is_deterministic_in_the_seed(pair):
+    import torch
+
+    _, _, tok = pair
+    cfg = zoo.ZooConfig()
+    spec = zoo.ModelSpec(32, 1, 2, 64, steps=3, lr=1e-3)
+    examples = zoo.training_examples(replace(cfg, n_arith=64, n_sort=16, n_story=16))
+    data = {n: zoo.encode_examples(tok, ex, n == "story") for n, ex in examples.items()}
+    weights = []
+    for _ in range(2):
+        model = zoo.make_model(spec, tok, seed=7)
+        info = zoo.train_model(model, data, spec, cfg, seed=7)
+        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert info["steps"] == 3 and info["final_loss"] > 0
+    assert torch.equal(weights[0], weights[1])
