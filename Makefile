@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test lint venv bench bench-stats models clean-venv
+.PHONY: demo test lint venv bench models real real-test clean-venv
 
 venv: $(STAMP)
 
@@ -31,8 +31,19 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_decoder.py
 	$(BIN)/python benchmarks/bench_stats.py
 
+# Rebuild the embedded pair (see data/models/arith/MODEL_CARD.md for the second cycle).
 models: $(STAMP)
 	$(BIN)/python -m relaxspec_audit.zoo --out data/models/arith
+
+# The real Qwen2.5-Coder pair (docs/REAL_AUDIT.md): ~1.6 GB of downloads, ~10 GB cache,
+# ~9 GB RAM while dequantising. Not part of `make test`.
+real: $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[real]"
+	$(BIN)/relaxspec-audit fetch-real
+	$(BIN)/relaxspec-audit batch relaxspec_audit/configs/real.yaml --jobs 1
+
+real-test: $(STAMP)
+	$(BIN)/python -m pytest -q -m real tests/test_real.py
 
 clean-venv:
 	rm -rf $(VENV)
