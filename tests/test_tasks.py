@@ -225,3 +225,139 @@ def test_cli_tasks_json_lists_bundled_tasks():
     assert rows["story"]["scorer"] == "none" and rows["humaneval"]["scorer"] == "code"
     table = CliRunner().invoke(main, ["tasks"])
     assert table.exit_code == 0 and "arith" in table.output and "sort" in table.output
+
+
+# ------------------------------------------- HumanEval stop sequences and chat prefill
+
+
+@pytest.mark.parametrize(
+    ("completion", "kept"),
+    [
+        ("    return 1\n\ndef helper():\n    pass\n", "    return 1\n"),
+        ("    return 1\nprint(f(2))\n", "    return 1"),
+        ("    return 1\n# tests\nassert f(1)\n", "    return 1"),
+        ("    return 1\nif __name__ == '__main__':\n    f()\n", "    return 1"),
+        ("    return 1\nclass A:\n    pass\n", "    return 1"),
+        ("    return 1\n```\nThis function returns one.", "    return 1\n"),
+        ("    # a comment\n    print(x)\n    return 1\n", None),  # indented: body kept
+        ("    return 1\n", None),
+    ],
+)
+def test_truncate_code_cuts_at_the_first_stop_sequence(completion, kept):
+    assert tasks.truncate_code(completion) == (completion if kept is None else kept)
+
+
+@pytest.fixture(scope="module")
+def humaneval_0():
+    return next(i for i in load_task("humaneval", limit=1).items if i.id == "HumanEval/0")
+
+
+def test_code_scorer_cuts_a_correct_body_that_runs_on(humaneval_0):
+    # SPEC-independent scorer behaviour: the standard HumanEval stop sequences (Chen et al.
+    # 2021). Without the cut, the unfinished second def / the NameError in print() fails.
+    body = humaneval_0.reference
+    task = load_task("humaneval", limit=1)
+    assert humaneval_0.metadata["code_prefix"] == humaneval_0.prompt
+    assert task.score(humaneval_0, body + "\n\ndef check_solution(:\n    assert") == 1.0
+    assert task.score(humaneval_0, body + "\nprint(undefined_name)\n") == 1.0
+    assert task.score(humaneval_0, body + "\n```\n\nExplanation: it loops") == 1.0
+    # A wrong body that runs on is still wrong.
+    assert task.score(humaneval_0, "    return False\n\ndef other():\n    pass\n") == 0.0
+
+
+def test_humaneval_qwen_chat_prefills_the_prompt_and_scores_the_plain_program(humaneval_0):
+    from relaxspec_audit import real
+
+    task = load_task("humaneval-qwen-chat", split=humaneval_0.split, limit=1)
+    assert task.name == "humaneval-qwen-chat" and task.scorer_name == "code"
+    item = task.items[0]
+    plain = humaneval_0.prompt
+    assert item.id == "HumanEval/0" and item.split == humaneval_0.split
+    assert item.metadata["code_prefix"] == plain
+    user = f"Complete the following Python function.\n```python\n{plain}```"
+    assert item.prompt == real.QWEN_CHAT.format(user=user) + "```python\n" + plain
+    assert item.prompt.startswith("<|im_start|>system\n") and item.prompt.endswith(plain)
+    # The chat text never reaches the program: reference 1.0, wrong body 0.0, a fenced
+    # answer that closes with ``` and chat text after it is cut and still passes.
+    assert task.score(item, item.reference) == 1.0
+    assert task.score(item, item.reference + "```\nThis checks every pair.") == 1.0
+    assert task.score(item, "    return False\n```") == 0.0
+    full = load_task("humaneval-qwen-chat")
+    assert len(full.items) == 164 and full.splits() == load_task("humaneval").splits()
+    with pytest.raises(TaskError, match="prompt_template: must be one of"):
+        tasks.load_humaneval(prompt_template="llama-chat")
+    with pytest.raises(TaskError, match="unknown task 'humaneval-llama-chat'"):
+        load_task("humaneval-llama-chat")
+
+
+# ---------------------------------------------------------------------- MT-Bench
+
+
+def _mtbench_cache(tmp_path, monkeypatch, rows=None):
+    from relaxspec_audit import real
+
+    monkeypatch.setenv(real.CACHE_ENV, str(tmp_path / "cache"))
+    path = real.mtbench_task_path()
+    if rows is not None:
+        path.parent.mkdir(parents=True)
+        path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_mtbench_loads_from_the_real_pair_cache(tmp_path, monkeypatch):
+    rows = [
+        {"id": f"mtbench-{81 + i}", "prompt": f"<|im_start|>user\nQ{i}", "reference": None}
+        for i in range(40)
+    ]
+    _mtbench_cache(tmp_path, monkeypatch, rows)
+    task = load_task("mtbench")
+    assert task.name == "mtbench" and task.scorer_name == "none" and len(task.items) == 40
+    assert task.score(task.items[0], "anything") is None
+    assert task.items[3].split == tasks.hash_split("mtbench-84")
+    assert len(load_task("mtbench", split="confirmation", limit=2).items) == 2
+    listed = {row["name"]: row for row in tasks.list_tasks()}
+    assert listed["mtbench"]["available"] is True
+    assert listed["mtbench"]["splits"] == task.splits() and listed["mtbench"]["scorer"] == "none"
+    assert listed["humaneval-qwen-chat"]["scorer"] == "code"
+
+
+def test_mtbench_absent_is_listed_unavailable_and_says_how_to_fetch(tmp_path, monkeypatch):
+    path = _mtbench_cache(tmp_path, monkeypatch)
+    with pytest.raises(TaskError, match=r"run `relaxspec-audit fetch-real`") as info:
+        load_task("mtbench")
+    assert str(path) in str(info.value)
+    listed = {row["name"]: row for row in tasks.list_tasks()}
+    assert listed["mtbench"]["available"] is False and listed["mtbench"]["splits"] == {}
+    assert "relaxspec-audit fetch-real" in listed["mtbench"]["description"]
+    assert listed["arith"]["available"] is True
+    # `relaxspec-audit tasks` still prints the table, mtbench marked unavailable.
+    from relaxspec_audit.cli import main
+
+    table = CliRunner().invoke(main, ["tasks"])
+    assert table.exit_code == 0, table.output
+    assert "Not available" in next(x for x in table.output.splitlines() if "mtbench" in x)
+
+
+def test_mtbench_loads_without_torch(tmp_path):
+    # The lightweight path (tasks, CLI listing) must not import torch or transformers.
+    import subprocess
+    import sys
+
+    path = tmp_path / "cache" / "mtbench" / "mtbench_turn1.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"id": "mtbench-81", "prompt": "p", "reference": None}) + "\n")
+    code = (
+        "import sys; from relaxspec_audit import tasks; t = tasks.load_task('mtbench'); "
+        "tasks.list_tasks(); assert len(t.items) == 1; "
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+    )
+    env = {**__import__("os").environ, "RELAXSPEC_AUDIT_CACHE": str(tmp_path / "cache")}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_task_paths_expand_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    _write(tmp_path, [json.dumps({"id": "a", "prompt": "p", "reference": "1"})], name="t.jsonl")
+    task = load_task("~/t.jsonl")
+    assert task.name == "t" and task.items[0].reference == "1"
