@@ -1094,7 +1094,9 @@ def manifest_markdown(facts: Mapping[str, Any]) -> str:
     lines = ["| fact | value |", "| --- | --- |"]
     for i, models in enumerate(facts.get("models", [])):
         for role in ("target", "draft"):
-            info = models.get(role) or {}
+            info = models.get(role)
+            if not info:  # target-only runs load no draft
+                continue
             if isinstance(info, Mapping):
                 desc = ", ".join(f"{k}: {v}" for k, v in info.items() if not isinstance(v, dict))
             else:
