@@ -127,16 +127,25 @@ def settings_frame(manifests: Sequence[Mapping[str, Any]]) -> pl.DataFrame:
     """One row per run: ``run`` (run id), ``rule`` and the rule's setting parameters.
 
     Join it to a ``requests`` scan on ``run`` (the hive key of ``logs.scan``) to get the
-    setting columns :func:`frontier` groups by.
+    setting columns :func:`frontier` groups by. Parameters a manifest leaves out take the
+    rule's defaults (``rules.make_params``), so a run at the default θ and one that names
+    θ = 0.95 are the same setting.
     """
+    from relaxspec_audit import rules
+
     rows = []
     for m in manifests:
         cfg = m.get("config", {})
         rule = cfg.get("rule")
         params = cfg.get("params", {}) or {}
         row = {"run": m.get("run_id"), "rule": rule}
-        for name in SETTING_PARAMS.get(rule, ()):
-            row[name] = params.get(name)
+        names = SETTING_PARAMS.get(rule, ())
+        full = asdict(rules.make_params(rule, **params)) if names else {}
+        for name in names:
+            value = params.get(name, full.get(name))
+            # One dtype per column whether a budget was written as 2 or 2.0.
+            is_num = isinstance(value, int | float) and not isinstance(value, bool)
+            row[name] = float(value) if is_num and name != "cap" else value
         rows.append(row)
     return pl.DataFrame(rows)
 
@@ -181,7 +190,8 @@ def frontier(
 
     Returns:
         Columns ``*setting_cols, n_items, delta, ci_low, ci_high, p_noninf, noninferior,
-        sd_diff, binary, speedup, speedup_ci_low, speedup_ci_high, pareto`` (and ``eps``).
+        sd_diff, binary, speedup, speedup_ci_low, speedup_ci_high, tau, pareto`` (and
+        ``eps``); ``tau`` is null when the requests lack ``n_tokens``/``target_passes``.
     """
     cols = list(setting_cols)
     if not cols:
@@ -196,6 +206,10 @@ def frontier(
     for key, part in rel.partition_by(cols, as_dict=True, maintain_order=True).items():
         acc = stats.accuracy_delta(part, ref, margin=margin, by=[], alpha=alpha).row(0, named=True)
         spd = stats.paired_speedup(part, ref, by=[], alpha=alpha).row(0, named=True)
+        tau = None
+        if {"n_tokens", "target_passes"} <= set(part.columns):
+            # Tokens per target pass over the setting's requests (SPEC §1, τ).
+            tau = float(part["n_tokens"].sum()) / max(float(part["target_passes"].sum()), 1.0)
         row = dict(zip(cols, key, strict=True))
         row.update(
             n_items=acc["n_items"],
@@ -209,6 +223,7 @@ def frontier(
             speedup=spd["speedup"],
             speedup_ci_low=spd["ci_low"],
             speedup_ci_high=spd["ci_high"],
+            tau=tau,
         )
         rows.append(row)
     out = pl.DataFrame(rows)
@@ -220,6 +235,20 @@ def frontier(
     if eps is not None:
         out = out.join(eps.select(*cols, "eps"), on=cols, how="left")
     return out.sort(cols)
+
+
+def _fastest(df: pl.DataFrame) -> dict[str, Any]:
+    """The fastest setting: most tokens per target pass, then measured speedup.
+
+    τ is a deterministic function of the logs; within one rule family the draft and K are
+    fixed, so the cost of a target pass plus its K draft passes is the same for every
+    setting and τ orders them as the modelled speedup ``τ / (1 + K·c)`` does (SPEC §1).
+    Wall-clock speedups on a shared machine move by several percent between identical
+    runs, so they only break ties in τ.
+    """
+    if "tau" in df.columns and df["tau"].null_count() < df.height:
+        return df.sort(["tau", "speedup"], nulls_last=False).row(-1, named=True)
+    return df.sort("speedup").row(-1, named=True)
 
 
 def _split(df: pl.DataFrame, col: str, value: str, name: str) -> pl.DataFrame:
@@ -255,7 +284,8 @@ def recommend(
        (one-sided p < α) and, with ``eps_cap``, have ``eps ≤ eps_cap``. None → ``FAIL``
        when every setting is shown inferior (CI upper end < −margin) or over the cap,
        else ``INCONCLUSIVE``.
-    3. The fastest candidate is re-tested on the confirmation split alone. Its item
+    3. The fastest candidate (:func:`_fastest`: most tokens per target pass, ties broken
+       by measured speedup) is re-tested on the confirmation split alone. Its item
        count must reach ``max(min_items, n_required)`` where ``n_required`` is
        :func:`required_items` at the discovery sd (:func:`planning_sd`), true delta 0,
        level α and ``power`` — else ``INCONCLUSIVE`` with ``n_required``.
@@ -321,7 +351,7 @@ def recommend(
                 f"{inferior.height} of {fd.height} are shown inferior (CI upper < −{margin})"
             )
             return Verdict("FAIL", None, reasons, numbers)
-        best = allowed.filter(pl.col("ci_high") >= -margin).sort("speedup").row(-1, named=True)
+        best = _fastest(allowed.filter(pl.col("ci_high") >= -margin))
         sd = planning_sd(best["sd_diff"], best["n_items"], best["binary"])
         n_req = required_items(sd, margin, alpha=alpha, power=power)
         reasons.append(
@@ -331,11 +361,12 @@ def recommend(
         numbers["planning_sd"] = sd
         return Verdict("INCONCLUSIVE", None, reasons, numbers, n_required=n_req)
 
-    chosen = cand.sort("speedup").row(-1, named=True)
+    chosen = _fastest(cand)
     setting = {c: chosen[c] for c in cols}
     reasons.append(
         f"discovery: fastest non-inferior setting {setting} "
-        f"(speedup {chosen['speedup']:.3g}, delta {chosen['delta']:+.4f}, "
+        f"(tau {chosen.get('tau') or float('nan'):.3g}, speedup {chosen['speedup']:.3g}, "
+        f"delta {chosen['delta']:+.4f}, "
         f"p_noninf {chosen['p_noninf']:.3g}, {chosen['n_items']} items)"
     )
     sd = planning_sd(chosen["sd_diff"], chosen["n_items"], chosen["binary"])

@@ -511,6 +511,60 @@ def noninferiority_ttest(d: np.ndarray, margin: float) -> float:
     return float(sps.ttest_1samp(d, -margin, alternative="greater").pvalue)
 
 
+def _tango_z(b: int, c: int, n: int, delta0: float) -> float:
+    """Tango's score statistic for ``H0: p10 − p01 = delta0`` on paired binary outcomes.
+
+    ``b`` = #(relaxed 1, reference 0), ``c`` = #(relaxed 0, reference 1), ``n`` pairs.
+    Tango (1998), Stat. Med. 17:891–908, eq. (3)::
+
+        Z = (b − c − n·Δ0) / √(n·(2·p̃01 + Δ0·(1 − Δ0)))
+
+    with ``p̃01 = (√(B² − 4AC) − B) / 2A`` the MLE of ``p01`` under H0, ``A = 2n``,
+    ``B = −b − c + (2n − b + c)·Δ0``, ``C = −c·Δ0·(1 − Δ0)``.
+    """
+    a_ = 2.0 * n
+    b_ = -b - c + (2.0 * n - b + c) * delta0
+    c_ = -c * delta0 * (1.0 - delta0)
+    p01 = (math.sqrt(max(b_ * b_ - 4.0 * a_ * c_, 0.0)) - b_) / (2.0 * a_)
+    var = n * (2.0 * p01 + delta0 * (1.0 - delta0))
+    num = b - c - n * delta0
+    if var <= 0.0:
+        return math.copysign(math.inf, num) if num != 0 else 0.0
+    return num / math.sqrt(var)
+
+
+def tango_noninferiority(b: int, c: int, n: int, margin: float) -> float:
+    """One-sided non-inferiority p-value for paired binary outcomes (Tango 1998).
+
+    H0 ``p10 − p01 ≤ −margin`` vs H1 ``> −margin``; ``p = 1 − Φ(Z(−margin))``
+    (:func:`_tango_z`). Unlike a t test on the ±1/0 differences it stays valid with
+    few or no discordant pairs: 30 concordant pairs at margin 0.05 give p ≈ 0.105, not 0.
+    """
+    from scipy.stats import norm
+
+    if n < 1:
+        return float("nan")
+    return float(norm.sf(_tango_z(b, c, n, -margin)))
+
+
+def tango_ci(b: int, c: int, n: int, alpha: float = 0.05) -> tuple[float, float]:
+    """Score interval for ``p10 − p01`` by inverting :func:`_tango_z` (Tango 1998, §3).
+
+    ``{Δ0 : |Z(Δ0)| < z_{1−α/2}}``; Z is decreasing in Δ0, so each end is one root.
+    """
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    z = float(norm.ppf(1 - alpha / 2))
+    est = (b - c) / n
+    lo_edge, hi_edge = -1.0 + 1e-12, 1.0 - 1e-12
+    f_lo = lambda d0: _tango_z(b, c, n, d0) - z  # noqa: E731
+    f_hi = lambda d0: _tango_z(b, c, n, d0) + z  # noqa: E731
+    low = lo_edge if f_lo(lo_edge) <= 0 else brentq(f_lo, lo_edge, min(est, hi_edge))
+    high = hi_edge if f_hi(hi_edge) >= 0 else brentq(f_hi, max(est, lo_edge), hi_edge)
+    return float(max(low, -1.0)), float(min(high, 1.0))
+
+
 def accuracy_delta(
     requests: Frame,
     reference: Frame,
@@ -528,12 +582,18 @@ def accuracy_delta(
     ``d_i``:
 
     * ``delta = d̄``, ``CI = d̄ ± t_{1−α/2, n−1} s/√n`` (paired t; equals scipy
-      ``ttest_rel(...).confidence_interval()`` with one sample per item);
+      ``ttest_rel(...).confidence_interval()`` with one sample per item) — except for
+      binary scores with one sample per item, where the CI is Tango's score interval
+      (:func:`tango_ci`), which does not collapse to ``[0, 0]`` when no pair is
+      discordant;
     * ``p_mcnemar``: McNemar exact test on the paired binary outcomes (statsmodels
       ``mcnemar(exact=True)``; binary scores only; pairs sample by sample);
     * ``p_ttest`` (paired t, ``ttest_1samp(d, 0)``) and ``p_wilcoxon`` (signed rank);
-    * ``p_noninf``: one-sided non-inferiority at ``margin`` (:func:`noninferiority_ttest`),
-      H0 ``delta ≤ −margin``; ``noninferior`` when its corrected p < α;
+    * ``p_noninf``: one-sided non-inferiority at ``margin``, H0 ``delta ≤ −margin``:
+      Tango's score test (:func:`tango_noninferiority`) for binary scores with one
+      sample per item, else the paired t (:func:`noninferiority_ttest`); with zero
+      variance of non-binary differences the t test is undefined and ``p_noninf`` is
+      NaN (never certified); ``noninferior`` when its corrected p < α;
     * ``p_tost``: equivalence TOST on ``[−margin, margin]`` (statsmodels ``ttost_paired``);
     * ``p_noninf_adj``: ``p_noninf`` corrected across groups (``multipletests``,
       ``holm`` or ``fdr_bh``).
@@ -592,7 +652,18 @@ def accuracy_delta(
         p_t = float("nan") if degenerate else float(sps.ttest_1samp(d, 0.0).pvalue)
         p_w = float("nan")
         if not degenerate and np.any(d != 0):
-            p_w = float(sps.wilcoxon(d, zero_method="wilcox").pvalue)
+            # Normal approximation: the exact small-sample path is a slow permutation.
+            p_w = float(sps.wilcoxon(d, zero_method="wilcox", method="asymptotic").pvalue)
+        ci_low, ci_high = mean - tq * se, mean + tq * se
+        if degenerate and not binary:
+            p_ni = float("nan")
+        else:
+            p_ni = noninferiority_ttest(d, margin)
+        if binary and part.height == n:
+            # One paired binary outcome per item: score test and score interval.
+            n10, n01 = int(np.sum(d > 0)), int(np.sum(d < 0))
+            p_ni = tango_noninferiority(n10, n01, n, margin)
+            ci_low, ci_high = tango_ci(n10, n01, n, alpha)
         if degenerate:
             p_tost = 0.0 if abs(mean) < margin and n >= 2 else (1.0 if n >= 2 else float("nan"))
         else:
@@ -606,12 +677,12 @@ def accuracy_delta(
             score_rel=float(x_rel.mean()),
             delta=mean,
             se=se,
-            ci_low=mean - tq * se,
-            ci_high=mean + tq * se,
+            ci_low=ci_low,
+            ci_high=ci_high,
             p_mcnemar=p_mc,
             p_ttest=p_t,
             p_wilcoxon=p_w,
-            p_noninf=noninferiority_ttest(d, margin),
+            p_noninf=p_ni,
             p_tost=p_tost,
             sd_diff=sd,
         )
@@ -620,8 +691,10 @@ def accuracy_delta(
     p = out["p_noninf"].to_numpy()
     ok = np.isfinite(p)
     adj = np.full_like(p, np.nan)
-    if ok.any():
+    if ok.sum() > 1:
         adj[ok] = multipletests(p[ok], alpha=alpha, method=correction)[1]
+    else:  # one test: nothing to correct (and multipletests is slow per call)
+        adj[ok] = p[ok]
     out = out.with_columns(
         pl.Series("p_noninf_adj", adj),
         pl.Series("noninferior", np.where(ok, adj < alpha, False)),

@@ -127,12 +127,24 @@ def test_settings_frame_and_assign_split():
 
 
 def test_identical_scores_on_few_items_are_not_certified():
-    # Zero variance makes the t test "significant" (p = 0): the sample-size guard must
-    # still refuse, asking for the rule-of-three planning sd's n.
+    # Zero variance would make a t test "significant" (p = 0); Tango's score test does not
+    # (20 concordant pairs at margin 0.05: p ≈ 0.16), so nothing is chosen on discovery,
+    # and the verdict asks for the rule-of-three planning sd's n.
     rel, ref = _grid(40, {0.9: (0.0, 1.5)}, seed=6)
     rel = rel.drop("score").join(ref.select("item_id", "score"), on="item_id")
     v = sel.recommend(rel, ref, ["theta"], margin=0.05)
-    assert v.status == "INCONCLUSIVE" and v.setting == {"theta": 0.9}
+    assert v.status == "INCONCLUSIVE" and v.setting is None
+    assert v.numbers["discovery"][0]["p_noninf"] > 0.05
     assert v.numbers["planning_sd"] == pytest.approx(math.sqrt(3 / 20))
     assert v.n_required == sel.required_items(math.sqrt(3 / 20), 0.05) > 20
     assert json.loads(v.to_json())["n_required"] == v.n_required
+
+
+def test_fastest_ranks_by_tokens_per_pass_then_wall_clock():
+    # τ is deterministic given the logs; wall-clock speedups only break ties (select._fastest).
+    df = pl.DataFrame(
+        {"theta": [0.8, 0.9, 0.95], "tau": [2.0, 2.5, 2.5], "speedup": [1.30, 1.01, 1.04]}
+    )
+    assert sel._fastest(df)["theta"] == 0.95
+    no_tau = df.with_columns(pl.lit(None, dtype=pl.Float64).alias("tau"))
+    assert sel._fastest(no_tau)["theta"] == 0.8

@@ -197,20 +197,40 @@ def test_accuracy_delta_matches_scipy_statsmodels():
     rel = np.where(rng.random(80) < 0.15, 1 - ref, ref)
     res = S.accuracy_delta(_req(rel, "rel"), _req(ref, "ref"), margin=0.05).row(0, named=True)
     tt = sps.ttest_rel(rel, ref)
-    ci = tt.confidence_interval(0.95)
     assert res["delta"] == pytest.approx(np.mean(rel - ref))
-    assert (res["ci_low"], res["ci_high"]) == pytest.approx((ci.low, ci.high))
+    # One binary sample per item: Tango's score interval contains the estimate and is
+    # close to the paired-t interval at this size (80 pairs, ~12 discordant).
+    ci = tt.confidence_interval(0.95)
+    assert res["ci_low"] < res["delta"] < res["ci_high"]
+    assert (res["ci_low"], res["ci_high"]) == pytest.approx((ci.low, ci.high), abs=0.02)
     assert res["p_ttest"] == pytest.approx(tt.pvalue)
     table = [
         [np.sum((ref == 1) & (rel == 1)), np.sum((ref == 1) & (rel == 0))],
         [np.sum((ref == 0) & (rel == 1)), np.sum((ref == 0) & (rel == 0))],
     ]
     assert res["p_mcnemar"] == pytest.approx(mcnemar(table, exact=True).pvalue)
-    ni = sps.ttest_1samp(rel - ref, -0.05, alternative="greater").pvalue
-    assert res["p_noninf"] == pytest.approx(ni)
+    # Tango (1998) score test, by hand: b = #(rel 1, ref 0), c = #(rel 0, ref 1).
+    b, c, n, d0 = np.sum(rel > ref), np.sum(rel < ref), 80, -0.05
+    a_, b_, c_ = 2 * n, -b - c + (2 * n - b + c) * d0, -c * d0 * (1 - d0)
+    p01 = (np.sqrt(b_**2 - 4 * a_ * c_) - b_) / (2 * a_)
+    z = (b - c - n * d0) / np.sqrt(n * (2 * p01 + d0 * (1 - d0)))
+    assert res["p_noninf"] == pytest.approx(sps.norm.sf(z))
     assert res["p_tost"] == pytest.approx(ttost_paired(rel, ref, -0.05, 0.05)[0])
     assert res["p_wilcoxon"] == pytest.approx(sps.wilcoxon(rel - ref).pvalue)
     assert res["binary"] and res["n_items"] == 80
+
+
+def test_noninferiority_with_no_discordant_pair_is_not_certain():
+    # SPEC §3 non-inferiority: 30 identical binary outcomes do not prove delta > −0.05
+    # (a discordant rate of 5% would give no discordant pair with probability 0.95^30 ≈ 0.21).
+    # Tango's Z = 30·0.05 / √(30·(2·0.05 − 0.05·1.05)) = 1.2566 → p = 0.1045.
+    same = np.array([1.0] * 20 + [0.0] * 10)
+    res = S.accuracy_delta(_req(same, "rel"), _req(same, "ref"), margin=0.05).row(0, named=True)
+    assert res["p_noninf"] == pytest.approx(0.10446, abs=1e-4)
+    assert not res["noninferior"]
+    assert res["ci_low"] == pytest.approx(-0.11351, abs=1e-4)
+    assert res["ci_high"] == pytest.approx(0.11351, abs=1e-4)
+    assert S.tango_noninferiority(0, 0, 30, 0.05) == pytest.approx(0.10446, abs=1e-4)
 
 
 def test_accuracy_delta_items_with_several_samples_and_holm():
