@@ -820,6 +820,9 @@ def execute_notebook(
             kernel_name=kernel_name,
             progress_bar=False,
             cwd=str(cwd) if cwd else None,
+            # ipykernel 7 warns on every start that its TCP transport is unencrypted (the
+            # kernel is local and short-lived); cell errors still surface through papermill.
+            extra_arguments=["--IPKernelApp.log_level=ERROR"],
         )
     except pm.PapermillExecutionError as exc:
         error = f"{exc.ename}: {exc.evalue} (cell {exc.exec_count})"
