@@ -48,6 +48,7 @@ import numpy as np
 from relaxspec_audit import rng
 from relaxspec_audit.config import TARGET_ONLY, RunConfig
 from relaxspec_audit.logs import RequestRows, output_sha256
+from relaxspec_audit.rules import DIAG_KEYS, TOKEN_STAT_KEYS
 
 if TYPE_CHECKING:
     import torch
@@ -65,37 +66,10 @@ __all__ = [
 ]
 
 # Per-position diagnostics of the rule (BlockResult.diag), in the order they travel to the
-# host; `cause` is an int64 Cause code, booleans travel as 0/1.
-_DIAG_KEYS = (
-    "p",
-    "q",
-    "p_max",
-    "rank",
-    "mass_above",
-    "entropy_p",
-    "entropy_q",
-    "tv_pq",
-    "regret",
-    "target_argmax",
-    "passed_ratio",
-    "in_nucleus",
-    "accepted",
-    "cause",
-)
+# host; `cause` is an int64 Cause code, booleans travel as 0/1. Declared once in rules.py.
+_DIAG_KEYS = DIAG_KEYS
 # rules.token_stats of the emitted (recovery/bonus) token, in transfer order.
-_EMIT_KEYS = (
-    "p",
-    "q",
-    "p_max",
-    "rank",
-    "mass_above",
-    "entropy_p",
-    "entropy_q",
-    "tv_pq",
-    "regret",
-    "target_argmax",
-    "in_nucleus",
-)
+_EMIT_KEYS = TOKEN_STAT_KEYS
 _INT_COLS = ("rank", "target_argmax")
 # Rounds whose E_S is computed in one batched es_grid call (bounds the p, q kept alive:
 # about 2·K·V floats per round).

@@ -30,7 +30,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_THETA",
+    "DIAG_KEYS",
     "RULES",
+    "TOKEN_STAT_KEYS",
     "AsdParams",
     "Block",
     "BlockResult",
@@ -51,6 +53,23 @@ __all__ = [
 ]
 
 DEFAULT_THETA = 0.95  # nucleus θ for `in_nucleus` of rules without their own (SPEC §2.3)
+
+#: Keys of :func:`token_stats` (any token: drafts, recovery and bonus rows).
+TOKEN_STAT_KEYS = (
+    "p",
+    "q",
+    "p_max",
+    "rank",
+    "mass_above",
+    "entropy_p",
+    "entropy_q",
+    "tv_pq",
+    "regret",
+    "target_argmax",
+    "in_nucleus",
+)
+#: Keys of ``BlockResult.diag`` (draft positions), in the order the decoder ships them.
+DIAG_KEYS = (*TOKEN_STAT_KEYS[:-1], "passed_ratio", "in_nucleus", "accepted", "cause")
 
 # A residual (p − q)_+ with less total mass than this is float noise around p = q: the
 # rejection it follows has probability R ≤ this, so falling back to p moves the output
@@ -539,23 +558,7 @@ def _finish(
     first_reject = pos.unsqueeze(0) == a.unsqueeze(1)  # [B, K]
     not_reached = torch.full_like(cause_accept, int(Cause.NOT_REACHED))
     cause = torch.where(acc, cause_accept, torch.where(first_reject, cause_reject, not_reached))
-    diag = {
-        key: st[key]
-        for key in (
-            "p",
-            "q",
-            "p_max",
-            "rank",
-            "mass_above",
-            "entropy_p",
-            "entropy_q",
-            "tv_pq",
-            "regret",
-            "target_argmax",
-            "passed_ratio",
-            "in_nucleus",
-        )
-    }
+    diag = {key: st[key] for key in DIAG_KEYS[:-2]}
     diag["accepted"] = acc
     diag["cause"] = cause.to(torch.int64)
     token = _emit(block, a, recovery, greedy_like)
