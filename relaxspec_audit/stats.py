@@ -594,7 +594,8 @@ def accuracy_delta(
       sample per item, else the paired t (:func:`noninferiority_ttest`); with zero
       variance of non-binary differences the t test is undefined and ``p_noninf`` is
       NaN (never certified); ``noninferior`` when its corrected p < α;
-    * ``p_tost``: equivalence TOST on ``[−margin, margin]`` (statsmodels ``ttost_paired``);
+    * ``p_tost``: equivalence TOST on ``[−margin, margin]`` (statsmodels ``ttost_paired``;
+      for one binary sample per item, the larger of Tango's two one-sided score tests);
     * ``p_noninf_adj``: ``p_noninf`` corrected across groups (``multipletests``,
       ``holm`` or ``fdr_bh``).
 
@@ -655,19 +656,19 @@ def accuracy_delta(
             # Normal approximation: the exact small-sample path is a slow permutation.
             p_w = float(sps.wilcoxon(d, zero_method="wilcox", method="asymptotic").pvalue)
         ci_low, ci_high = mean - tq * se, mean + tq * se
-        if degenerate and not binary:
-            p_ni = float("nan")
-        else:
-            p_ni = noninferiority_ttest(d, margin)
+        # Zero-variance differences leave the t tests undefined: NaN, never certified.
+        p_ni = float("nan") if degenerate else noninferiority_ttest(d, margin)
+        p_tost = (
+            float("nan") if degenerate else float(ttost_paired(x_rel, x_ref, -margin, margin)[0])
+        )
         if binary and part.height == n:
-            # One paired binary outcome per item: score test and score interval.
+            # One paired binary outcome per item: Tango's score test and interval; TOST as
+            # the larger of the two one-sided score tests (H0 Δ ≤ −δ and H0 Δ ≥ +δ).
             n10, n01 = int(np.sum(d > 0)), int(np.sum(d < 0))
             p_ni = tango_noninferiority(n10, n01, n, margin)
             ci_low, ci_high = tango_ci(n10, n01, n, alpha)
-        if degenerate:
-            p_tost = 0.0 if abs(mean) < margin and n >= 2 else (1.0 if n >= 2 else float("nan"))
-        else:
-            p_tost = float(ttost_paired(x_rel, x_ref, -margin, margin)[0])
+            p_upper = float(sps.norm.cdf(_tango_z(n10, n01, n, margin)))
+            p_tost = max(p_ni, p_upper)
         row = dict(zip(by, key, strict=True))
         row.update(
             n_items=n,

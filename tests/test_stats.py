@@ -215,7 +215,11 @@ def test_accuracy_delta_matches_scipy_statsmodels():
     p01 = (np.sqrt(b_**2 - 4 * a_ * c_) - b_) / (2 * a_)
     z = (b - c - n * d0) / np.sqrt(n * (2 * p01 + d0 * (1 - d0)))
     assert res["p_noninf"] == pytest.approx(sps.norm.sf(z))
-    assert res["p_tost"] == pytest.approx(ttost_paired(rel, ref, -0.05, 0.05)[0])
+    # TOST: the larger of Tango's two one-sided tests; near statsmodels' paired t TOST here.
+    assert res["p_tost"] == pytest.approx(
+        max(res["p_noninf"], sps.norm.cdf(S._tango_z(b, c, n, 0.05)))
+    )
+    assert res["p_tost"] == pytest.approx(ttost_paired(rel, ref, -0.05, 0.05)[0], abs=0.05)
     assert res["p_wilcoxon"] == pytest.approx(sps.wilcoxon(rel - ref).pvalue)
     assert res["binary"] and res["n_items"] == 80
 
@@ -231,6 +235,7 @@ def test_noninferiority_with_no_discordant_pair_is_not_certain():
     assert res["ci_low"] == pytest.approx(-0.11351, abs=1e-4)
     assert res["ci_high"] == pytest.approx(0.11351, abs=1e-4)
     assert S.tango_noninferiority(0, 0, 30, 0.05) == pytest.approx(0.10446, abs=1e-4)
+    assert not res["equivalent"]  # nor equivalence within ±5 points
 
 
 def test_accuracy_delta_items_with_several_samples_and_holm():
