@@ -18,10 +18,14 @@ purpose)`` used through the inverse CDF, so runs of different rules with one see
 their stream position by position. The ``K + 1`` uniforms of each purpose are drawn on the
 host with numpy and copied to the device in one transfer per round.
 
-Logging stays on the device: the rule's ``diag`` tensors, the statistics of the emitted
-token (``rules.token_stats``) and ``E_S`` on the θ grid (``rules.es_grid``) are concatenated
-into one tensor and copied to the host once per round. With ``log_positions=False`` only the
-accepted length, the drafts and the emitted token travel.
+Every round copies to the host only what decoding needs (the drafts, the accepted length,
+the emitted token, the ASD ledger: one small copy). The rule runs with
+``Block(diagnostics=False)``, computing only what its decision needs. With logging on, the
+round hands references to p, q, the target logits and the rule's decisions to
+:class:`_RoundLog`, which computes the per-position statistics (``rules.token_stats`` of
+drafts and emitted tokens, ``E_S`` on the θ grid) batched over up to 64 rounds, copies them
+to the host in one transfer per batch and builds the rows with numpy at the end of the
+request. So the logging cost is a few batched kernels per request, not per round.
 
 A round that would overshoot ``max_new_tokens`` or runs past an EOS is truncated: only
 the emitted tokens are kept; the draft rows after the cut and the recovery/bonus row of
@@ -48,7 +52,7 @@ import numpy as np
 from relaxspec_audit import rng
 from relaxspec_audit.config import TARGET_ONLY, RunConfig
 from relaxspec_audit.logs import RequestRows, output_sha256
-from relaxspec_audit.rules import DIAG_KEYS, TOKEN_STAT_KEYS
+from relaxspec_audit.rules import TOKEN_STAT_KEYS
 
 if TYPE_CHECKING:
     import torch
@@ -65,16 +69,21 @@ __all__ = [
     "transform_logits",
 ]
 
-# Per-position diagnostics of the rule (BlockResult.diag), in the order they travel to the
-# host; `cause` is an int64 Cause code, booleans travel as 0/1. Declared once in rules.py.
-_DIAG_KEYS = DIAG_KEYS
-# rules.token_stats of the emitted (recovery/bonus) token, in transfer order.
-_EMIT_KEYS = TOKEN_STAT_KEYS
+# Diagnostics of draft rows that come from the rule's decision (BlockResult.diag); every
+# other column of a position row is rules.token_stats, computed by _RoundLog off the round.
+_RULE_KEYS = ("passed_ratio", "accepted", "cause")
+# token_stats of any logged token (drafts, recovery, bonus), in transfer order.
+_STAT_KEYS = TOKEN_STAT_KEYS
 _INT_COLS = ("rank", "target_argmax")
-# Rounds whose E_S is computed in one batched es_grid call (bounds the p, q kept alive:
-# about 2·K·V floats per round).
-_ES_BATCH_ROUNDS = 8
+# The host layout of token_stats in _RoundLog: float keys, then the integer/bool keys.
+_INT_STATS = ("rank", "target_argmax", "in_nucleus")
+_HOST_STATS = tuple(c for c in _STAT_KEYS if c not in _INT_STATS) + _INT_STATS
 _BOOL_COLS = ("passed_ratio", "in_nucleus", "accepted")
+# _RoundLog keeps p, q and the target logits of pending rounds alive (about (3K + 2)·V
+# floats per round) and flushes when that would pass this many floats (64 MB in float32)
+# or _FLUSH_MAX_ROUNDS rounds.
+_FLUSH_FLOATS = 1 << 24
+_FLUSH_MAX_ROUNDS = 64
 
 
 class DecodeError(ValueError):
@@ -409,21 +418,22 @@ def _rule_theta(config: RunConfig) -> float:
     return DEFAULT_THETA
 
 
-def es_grid_topm(p: torch.Tensor, q: torch.Tensor, grid: list[float], m: int = 256) -> np.ndarray:
-    """``rules.es_grid`` computed on each row's top-``m`` tokens, exact, on the host.
+def es_grid_topm(p: torch.Tensor, q: torch.Tensor, grid: list[float], m: int = 32) -> np.ndarray:
+    """``rules.es_grid`` computed on each row's top tokens, exact, on the host.
 
     A token can only be in a nucleus ``N_θ`` (θ ≤ max grid) if the mass ranked before it is
     below θ. When the mass of the top-m tokens strictly above the m-th probability reaches
     max θ, no token outside the top m (and none tied with the m-th) is in any nucleus of
     the grid, and every nucleus member's ``mass_above`` is the same inside the top m as in
-    the whole vocabulary: E_S is exact. Rows where that fails (flat p) are recomputed on
-    the full vocabulary. This replaces a sort over V per position by a top-k.
+    the whole vocabulary: E_S is exact. Rows where that fails (flatter p) are retried with
+    8× more tokens, and finally on the full vocabulary. This replaces a sort over V per
+    position (the cost of E_S) by a top-k for the usual peaked rows.
 
     Args:
         p: ``[..., V]`` target probabilities.
         q: ``[..., V]`` draft probabilities.
         grid: θ values in (0, 1].
-        m: tokens kept per row.
+        m: tokens kept per row in the first stage (then 8m, 64m, ... while below V/4).
 
     Returns:
         ``[..., G]`` float32 numpy array, E_S at each θ.
@@ -433,23 +443,32 @@ def es_grid_topm(p: torch.Tensor, q: torch.Tensor, grid: list[float], m: int = 2
     from relaxspec_audit.rules import es_grid
 
     v = p.shape[-1]
-    if m >= v or max(grid) >= 1.0:
-        return es_grid(p, q, grid).cpu().numpy()
     lead = p.shape[:-1]
     p2, q2 = p.reshape(-1, v), q.reshape(-1, v)  # [N, V]
-    top_p, idx = torch.topk(p2, m, dim=-1)  # [N, m], descending
-    idx = idx.sort(dim=-1).values  # id order: es_grid's stable sort then breaks ties by id
-    p_m = p2.gather(-1, idx)  # [N, m]
-    q_m = q2.gather(-1, idx)  # [N, m]
-    t = top_p[:, -1:]  # [N, 1] the m-th probability
-    above = torch.where(top_p > t, top_p.double(), 0.0).sum(-1)  # [N] mass strictly above t
-    es = es_grid(p_m, q_m, grid)  # [N, G]
-    out = torch.cat([es.double(), above.unsqueeze(-1)], -1).cpu().numpy()  # one copy
-    es_np, safe = out[:, :-1].astype(np.float32), out[:, -1] >= max(grid)
-    if not safe.all():
-        rows = torch.from_numpy(np.flatnonzero(~safe)).to(p.device)
-        es_np[~safe] = es_grid(p2[rows], q2[rows], grid).cpu().numpy()
-    return es_np.reshape(*lead, len(grid))
+    out = np.full((p2.shape[0], len(grid)), np.nan, dtype=np.float32)
+    todo = np.arange(p2.shape[0])
+    while 4 * m < v and max(grid) < 1.0 and todo.size:
+        if todo.size == p2.shape[0]:
+            pr, qr = p2, q2
+        else:
+            rows = torch.from_numpy(todo).to(p.device)
+            pr, qr = p2[rows], q2[rows]  # [n, V]
+        top_p, idx = torch.topk(pr, m, dim=-1)  # [n, m], descending
+        idx = idx.sort(dim=-1).values  # id order: es_grid's stable sort breaks ties by id
+        t = top_p[:, -1:]  # [n, 1] the m-th probability
+        above = torch.where(top_p > t, top_p.double(), 0.0).sum(-1)  # [n] mass above t
+        es = es_grid(pr.gather(-1, idx), qr.gather(-1, idx), grid)  # [n, G]
+        both = torch.cat([es.double(), above.unsqueeze(-1)], -1).cpu().numpy()  # one copy
+        safe = both[:, -1] >= max(grid)
+        out[todo[safe]] = both[safe, :-1]
+        todo = todo[~safe]
+        m *= 8
+    if todo.size == p2.shape[0]:
+        out = es_grid(p2, q2, grid).cpu().numpy()
+    elif todo.size:
+        rows = torch.from_numpy(todo).to(p.device)
+        out[todo] = es_grid(p2[rows], q2[rows], grid).cpu().numpy()
+    return out.reshape(*lead, len(grid))
 
 
 def decode_request(
@@ -530,7 +549,6 @@ def _decode_speculative(
     greedy = config.greedy
     theta = _rule_theta(config)
     grid = list(config.theta_grid)
-    n_grid = len(grid)
     log = config.log_positions
     key = rng.request_key(request_id)
     timer = _Timer(dev, timing)
@@ -542,27 +560,16 @@ def _decode_speculative(
     seq = list(map(int, prompt_ids))  # prompt + output, host side
     n_prompt = len(seq)
     state = None  # per-request rule state (the ASD ledger `spent`)
-    round_info: list[tuple] = []  # host pieces of each round's position rows
     round_rows: list[tuple] = []
     stop = "length"
     passes = 0
-    es_pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # (p[:K] [K,V], q [K,V])
-    es_host: list[np.ndarray] = []  # [K, G] per logged round
-
-    def flush_es() -> None:
-        if es_pending:
-            p_b = torch.stack([pk for pk, _ in es_pending])  # [R, K, V]
-            q_b = torch.stack([qk for _, qk in es_pending])  # [R, K, V]
-            es_host.extend(es_grid_topm(p_b, q_b, grid))  # R x [K, G]
-            es_pending.clear()
-
     # Every uniform the request can use (SPEC §4: keyed by absolute position), drawn on the
     # host once and copied to the device in one transfer; rounds take slices.
     u_all = _host_uniforms(config, key, 0, config.max_new_tokens + k + 1)  # [3, N+K+1]
     u_all_dev = torch.from_numpy(u_all).to(dev)
+    plog = _RoundLog(k, v, theta, grid, u_all) if log else None
     while len(seq) - n_prompt < config.max_new_tokens:
         start = len(seq) - n_prompt  # abs_pos of x_1
-        u_host = u_all[:, start : start + k + 1]  # [3, K+1]
         u_dev = u_all_dev[:, start : start + k + 1]  # [3, K+1]
         t0 = timer.now()
         # --- draft: K tokens autoregressively; feed what its cache lacks (1 or 2 tokens)
@@ -599,6 +606,7 @@ def _decode_speculative(
             u_accept=u_dev[1:2, :k],
             u_sample=u_dev[2:3, :],
             greedy=greedy,
+            diagnostics=False,  # the rest of the diagnostics: _RoundLog, batched over rounds
         )
         res = fn(block, params, state)
         state = res.state
@@ -607,20 +615,9 @@ def _decode_speculative(
             if res.state is not None
             else torch.full((1,), math.nan, dtype=torch.float64, device=dev)
         )
-        # float64 first: torch.cat promotes the int/bool/float32 pieces to it (exact for ids)
-        head = [drafts_t[0].double(), res.accepted, res.token, spent]
-        if log:
-            a = res.accepted  # [1]
-            p_row = p[0, a]  # [1, V], row K is the bonus distribution
-            q_row = q[0, a.clamp(max=k - 1)]  # [1, V]; ignored on the host for a bonus
-            emit = rules.token_stats(p_row, q_row, z[0, a], res.token, theta)
-            head += [res.diag[c][0] for c in _DIAG_KEYS] + [emit[c] for c in _EMIT_KEYS]
-            # E_S needs a sort over V: batched over rounds, not one small sort per round
-            es_pending.append((p[0, :k], q[0]))
-            if len(es_pending) >= _ES_BATCH_ROUNDS:
-                flush_es()
-        host = torch.cat(head).cpu().numpy()  # the round's one device → host copy
-        t2 = timer.now()
+        # float64 first: torch.cat promotes the int pieces to it (exact for token ids)
+        host = torch.cat([drafts_t[0].double(), res.accepted, res.token, spent]).cpu().numpy()
+        t2 = timer.now()  # the round's one device → host copy is done
         x_host = host[:k].astype(np.int64)
         a_host = int(host[k])
         y_host = int(host[k + 1])
@@ -633,16 +630,20 @@ def _decode_speculative(
                 stop = "eos"
                 break
         truncated = m < len(emitted)
-        if log:
-            off = k + 3
-            diag = host[off : off + len(_DIAG_KEYS) * k].reshape(len(_DIAG_KEYS), k)
-            off += len(_DIAG_KEYS) * k
-            emit_h = host[off : off + len(_EMIT_KEYS)]
-            off += len(_EMIT_KEYS)
-            n_draft_rows = m if truncated else k
-            emit_row = None if truncated else (a_host, y_host, emit_h)
-            round_info.append(
-                (len(round_rows), start, x_host, diag, u_host, n_draft_rows, emit_row)
+        if plog is not None:
+            # A truncated round logs only its emitted drafts (no recovery/bonus row).
+            plog.add(
+                p[0],
+                q[0],
+                z[0],
+                drafts_t[0],
+                res,
+                start,
+                x_host,
+                a_host,
+                y_host,
+                m if truncated else k,
+                not truncated,
             )
         seq.extend(emitted[:m])
         a_logged = m if truncated else a_host
@@ -653,55 +654,144 @@ def _decode_speculative(
         # --- roll both caches back to the emitted sequence (all but its last token)
         _crop(t_cache, len(seq) - 1)
         _crop(d_cache, len(seq) - 1)
-    flush_es()
-    pos_rows = [
-        _round_rows(*info[:4], es, *info[4:]) for info, es in zip(round_info, es_host, strict=True)
-    ]
     output_ids = seq[n_prompt:]
-    return output_ids, stop, passes, _concat_positions(pos_rows, n_grid), _rounds(round_rows)
+    positions = plog.columns() if plog is not None else {}
+    return output_ids, stop, passes, positions, _rounds(round_rows)
 
 
-def _round_rows(
-    rnd: int,
-    start: int,
-    drafts: np.ndarray,
-    diag: np.ndarray,
-    es: np.ndarray,
-    u_host: np.ndarray,
-    n_draft_rows: int,
-    emitted: tuple[int, int, np.ndarray] | None,
-) -> dict[str, Any]:
-    """Host-side columns of one round: draft rows, then the recovery/bonus row."""
-    k = drafts.shape[0]
-    n = n_draft_rows
-    cols: dict[str, Any] = {name: diag[i, :n] for i, name in enumerate(_DIAG_KEYS)}
-    cols["kind"] = ["draft"] * n
-    cols["token"] = drafts[:n]
-    cols["pos"] = np.arange(n)
-    cols["u"] = u_host[1, :n]
-    cols["es"] = es[:n]
-    if emitted is not None:
+class _RoundLog:
+    """Position rows of one speculative request, computed off the per-round path.
+
+    A round only hands over references to its device tensors (p, q, target logits, drafts,
+    the rule's decisions) and a few host integers it already has. Every ``n_flush`` rounds
+    (and at the end) one ``rules.token_stats`` over all pending drafts and emitted tokens
+    and one ``E_S`` grid run (:func:`es_grid_topm`) go to the host; the host rows of every
+    round are then built with numpy in one pass (:meth:`columns`). The rows equal a
+    per-round computation's (each statistic is a reduction over one row of V), which
+    tests/test_decoder.py checks against the rule's own full diagnostics.
+    """
+
+    def __init__(self, k: int, v: int, theta: float, grid: list[float], u_all: np.ndarray):
+        self.k, self.theta, self.grid = k, theta, grid
+        self.u_all = u_all  # [3, N+K+1] the request's uniforms (draft, accept, sample)
+        self.n_flush = max(1, min(_FLUSH_MAX_ROUNDS, _FLUSH_FLOATS // ((3 * k + 2) * v)))
+        self.pending: list[tuple] = []  # device tensors of rounds not yet flushed
+        self.meta: list[tuple[int, int, int, int, bool]] = []  # start, a, y, n_draft_rows, emit
+        self.drafts: list[np.ndarray] = []  # [K] host draft tokens per round
+        self.stats: list[np.ndarray] = []  # per flush [R, S] (layout: _flush)
+        self.es: list[np.ndarray] = []  # per flush [R, K, G]
+
+    def add(
+        self,
+        p: torch.Tensor,
+        q: torch.Tensor,
+        z: torch.Tensor,
+        drafts: torch.Tensor,
+        res: Any,
+        start: int,
+        x_host: np.ndarray,
+        a: int,
+        y: int,
+        n_draft_rows: int,
+        emit: bool,
+    ) -> None:
+        """One round: p, z ``[K+1, V]``, q ``[K, V]``, drafts ``[K]``, the rule's result."""
+        decisions = tuple(res.diag[key][0] for key in _RULE_KEYS)  # each [K]
+        self.pending.append((p, q, z, drafts, res.token, decisions))
+        self.meta.append((start, a, y, n_draft_rows, emit))
+        self.drafts.append(x_host)
+        if len(self.pending) >= self.n_flush:
+            self._flush()
+
+    def _flush(self) -> None:
+        import torch
+
+        from relaxspec_audit import rules
+
+        if not self.pending:
+            return
+        k, n = self.k, len(self.pending)
+        p, q, z, x = (torch.stack([r[i] for r in self.pending]) for i in range(4))
+        v = p.shape[-1]
+        y = torch.cat([r[4] for r in self.pending])  # [R]
+        a = torch.tensor([m[1] for m in self.meta[-n:]], device=p.device)  # [R]
+        rows = torch.arange(n, device=p.device)
+        # One token_stats over the R·K drafts, then the R emitted tokens (a bonus row's q
+        # is ignored on the host).
+        st = rules.token_stats(
+            torch.cat([p[:, :k].reshape(-1, v), p[rows, a]]),
+            torch.cat([q.reshape(-1, v), q[rows, a.clamp(max=k - 1)]]),
+            torch.cat([z[:, :k].reshape(-1, v), z[rows, a]]),
+            torch.cat([x.reshape(-1), y]),
+            self.theta,
+        )  # each [R·K + R]
+        decisions = torch.stack([d for r in self.pending for d in r[5]])  # [3R, K] int64
+        floats = torch.stack([st[c] for c in _HOST_STATS[: -len(_INT_STATS)]])
+        ints = torch.stack([st[c] for c in _INT_STATS])  # int64 (bool promoted)
+        # One copy: float stats, int stats [S, R·K + R], decisions [3R·K]; float64 holds
+        # every token id and rank exactly.
+        host = torch.cat([floats.double().reshape(-1), ints.reshape(-1), decisions.reshape(-1)])
+        host = host.cpu().numpy()
+        n_s, n_pos = len(_HOST_STATS), n * k
+        st_h = host[: n_s * (n_pos + n)].reshape(n_s, n_pos + n)
+        dec_h = host[n_s * (n_pos + n) :].reshape(n, 3, k)
+        self.stats.append(
+            np.concatenate(
+                [
+                    st_h[:, :n_pos].reshape(n_s, n, k).transpose(1, 0, 2).reshape(n, -1),
+                    dec_h.reshape(n, -1),
+                    st_h[:, n_pos:].T,
+                ],
+                1,
+            )
+        )  # [R, (S + 3)·K + S]: draft stats, decisions, emitted-token stats
+        self.es.append(es_grid_topm(p[:, :k], q, self.grid))  # [R, K, G]
+        self.pending.clear()
+
+    def columns(self) -> dict[str, Any]:
+        """Columns of the positions table: per round its draft rows, then recovery/bonus."""
         from relaxspec_audit.rules import Cause
 
-        a, y, st = emitted
+        self._flush()
+        if not self.meta:
+            return {}
+        k, n_s = self.k, len(_HOST_STATS)
+        stats = np.concatenate(self.stats)  # [R, S]
+        es = np.concatenate(self.es)  # [R, K, G]
+        n_r = stats.shape[0]
+        start, a, y, n_rows, emit = (np.array(col) for col in zip(*self.meta, strict=True))
+        # Slots [R, K+1]: K draft rows, then the emitted row; `keep` drops unlogged slots.
+        draft_part = stats[:, : (n_s + 3) * k].reshape(n_r, n_s + 3, k)
+        emit_part = stats[:, (n_s + 3) * k :]  # [R, n_s]
+        keep = np.concatenate([np.arange(k) < n_rows[:, None], emit[:, None]], 1)
         bonus = a == k
-        row = {name: st[i] for i, name in enumerate(_EMIT_KEYS)}
-        if bonus:  # no draft distribution at position K+1
-            row["q"] = row["entropy_q"] = row["tv_pq"] = math.nan
-        row.update(passed_ratio=math.nan, accepted=math.nan)
-        row["cause"] = int(Cause.BONUS if bonus else Cause.RECOVERY)
-        for name in _DIAG_KEYS:
-            cols[name] = np.append(cols[name], row[name])
-        cols["kind"].append("bonus" if bonus else "recovery")
-        cols["token"] = np.append(cols["token"], y)
-        cols["pos"] = np.append(cols["pos"], a)
-        cols["u"] = np.append(cols["u"], u_host[2, a])
-        es_row = np.full((1, es.shape[1]), np.nan) if bonus else es[a : a + 1]
-        cols["es"] = np.concatenate([cols["es"], es_row])
-    n_rows = len(cols["kind"])
-    cols["round"] = np.full(n_rows, rnd)
-    cols["abs_pos"] = start + cols["pos"]
-    return cols
+        cols: dict[str, Any] = {}
+        for i, name in enumerate(_HOST_STATS):
+            e = emit_part[:, i].copy()
+            if name in ("q", "entropy_q", "tv_pq"):
+                e[bonus] = math.nan  # no draft distribution at position K+1
+            cols[name] = np.concatenate([draft_part[:, i], e[:, None]], 1)
+        for j, name in enumerate(_RULE_KEYS):
+            e = np.full((n_r, 1), math.nan)
+            if name == "cause":
+                e[:, 0] = np.where(bonus, int(Cause.BONUS), int(Cause.RECOVERY))
+            cols[name] = np.concatenate([draft_part[:, n_s + j], e], 1)
+        kind = np.full((n_r, k + 1), "draft", dtype=object)
+        kind[:, k] = np.where(bonus, "bonus", "recovery")
+        pos = np.concatenate([np.broadcast_to(np.arange(k), (n_r, k)), a[:, None]], 1)
+        abs_draft = start[:, None] + np.arange(k)  # [R, K]
+        u = np.concatenate([self.u_all[1][abs_draft], self.u_all[2][start + a][:, None]], 1)
+        es_emit = es[np.arange(n_r), np.minimum(a, k - 1)]  # [R, G]
+        es_emit[bonus] = math.nan
+        cols["es"] = np.concatenate([es, es_emit[:, None]], 1)  # [R, K+1, G]
+        cols["token"] = np.concatenate([np.stack(self.drafts), y[:, None]], 1)
+        cols["pos"] = pos
+        cols["u"] = u
+        cols["round"] = np.broadcast_to(np.arange(n_r)[:, None], (n_r, k + 1))
+        cols["abs_pos"] = start[:, None] + pos
+        out = {name: col[keep] for name, col in cols.items()}
+        out["kind"] = kind[keep].tolist()
+        return _concat_positions([out], len(self.grid))
 
 
 def _concat_positions(rows: list[dict[str, Any]], n_grid: int) -> dict[str, Any]:
@@ -785,9 +875,9 @@ def _decode_target_only(
             if config.greedy:
                 p = transform_logits(z, 0.0)
             st = rules.token_stats(p, None, z, y, rules.DEFAULT_THETA)
-            host = torch.cat([y.double()] + [st[c] for c in _EMIT_KEYS]).cpu().numpy()
+            host = torch.cat([y.double()] + [st[c] for c in _STAT_KEYS]).cpu().numpy()
             tok = int(host[0])
-            row = {name: host[1 + j : 2 + j] for j, name in enumerate(_EMIT_KEYS)}
+            row = {name: host[1 + j : 2 + j] for j, name in enumerate(_STAT_KEYS)}
             row["q"] = row["entropy_q"] = row["tv_pq"] = np.array([math.nan])
             row.update(
                 passed_ratio=np.array([math.nan]),

@@ -307,6 +307,59 @@ def test_truncated_round_logs_only_emitted(tiny_llama_pair):
         _check_request_logs(rows, k=4)
 
 
+@pytest.mark.parametrize("rule, temperature", [("nucleus", 1.0), ("asd", 0.0)])
+def test_batched_position_stats_equal_the_rule_full_diagnostics(
+    tiny_qwen2_pair, monkeypatch, rule, temperature
+):
+    """Logged draft rows equal the rule's own full diagnostics of that round (SPEC §2).
+
+    The decoder verifies with ``diagnostics=False`` and computes the statistics later,
+    batched over rounds; here every round's block is re-run in full mode and compared,
+    with the batch flushed every round and every 64 rounds (the result must not depend on
+    the batching).
+    """
+
+    from relaxspec_audit.rules import DIAG_KEYS, RULES
+
+    pair = _pair(tiny_qwen2_pair)
+    cfg = _cfg(rule=rule, temperature=temperature, k=3, max_new_tokens=30)
+    ids = pair.tokenizer("a long prompt: ")["input_ids"]
+    assert set(DIAG_KEYS) == set(decoder._STAT_KEYS) | set(decoder._RULE_KEYS)
+    outs = []
+    for flush_rounds in (1, 64):
+        monkeypatch.setattr(decoder, "_FLUSH_MAX_ROUNDS", flush_rounds)
+        full: list = []
+
+        def spy(block, params, state, full=full):
+            assert not block.diagnostics
+            rich = dataclasses.replace(block, diagnostics=True)
+            full.append((block, RULES[rule].fn(rich, params, state)))
+            return RULES[rule].fn(block, params, state)
+
+        rows = decoder.decode_request(pair, ids, cfg, "r", timing=False, rule_fn=spy)
+        df = logs.to_frame("positions", rows.positions, "run", "r")
+        outs.append(df)
+        for rnd, (block, res) in enumerate(full):
+            got = df.filter((pl.col("round") == rnd) & (pl.col("kind") == "draft")).sort("pos")
+            for key in DIAG_KEYS:
+                want = res.diag[key][0, : got.height]
+                if key == "cause":
+                    want = [rules.Cause(int(c)).name.lower() for c in want]
+                    assert got[key].to_list() == want, (rnd, key)
+                else:
+                    np.testing.assert_array_equal(got[key].to_numpy(), want.numpy(), err_msg=key)
+            emit = df.filter((pl.col("round") == rnd) & (pl.col("kind") != "draft"))
+            if emit.height:
+                a = int(res.accepted)
+                st = rules.token_stats(
+                    block.p[0, a], None, block.target_logits[0, a], res.token[0], 0.95
+                )
+                for key in ("p", "p_max", "rank", "mass_above", "entropy_p", "regret"):
+                    assert emit[key][0] == pytest.approx(float(st[key]), rel=1e-6), key
+        assert len(full) == rows.request["target_passes"] > 3
+    assert outs[0].equals(outs[1])
+
+
 def test_logging_off_gives_same_output(tiny_llama_pair):
     pair = _pair(tiny_llama_pair)
     ids = pair.tokenizer("7*8=?")["input_ids"]

@@ -1,5 +1,6 @@
 """Verification rules: Monte Carlo against theory, hand-computed blocks, diagnostics (SPEC §2)."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -389,6 +390,35 @@ def test_block_diag_shapes_and_keys():
         assert (res.state is not None) == (name == "asd")
 
 
+@pytest.mark.parametrize("greedy", [False, True])
+def test_decision_only_mode_matches_full_diagnostics(greedy):
+    """Block(diagnostics=False) decides exactly as the full mode; diag is a subset of it.
+
+    The decoder verifies with diagnostics off and computes token_stats batched over rounds
+    (docs/ARCHITECTURE.md), so a rule's decision must not depend on the mode.
+    """
+    torch.manual_seed(3)
+    b, k, v = 64, 5, 13
+    z = torch.randn(b, k + 1, v) * 2
+    q = (z[:, :k] + torch.randn(b, k, v)).softmax(-1)
+    x = torch.where(torch.rand(b, k) < 0.5, z[:, :k].argmax(-1), torch.randint(0, v, (b, k)))
+    full = Block(x, z.softmax(-1), q, z, torch.rand(b, k), torch.rand(b, k + 1), greedy=greedy)
+    lean = dataclasses.replace(full, diagnostics=False)
+    params = [(name, {}) for name in rules.RULES] + [("asd", {"budget": 0.0})]
+    params += [("nucleus", {"theta": 0.5}), ("fuzzy", {"divergence": "js"})]
+    for name, kw in params:
+        state = torch.rand(b, dtype=torch.float64) if name == "asd" else None
+        a = _run(name, full, state, **kw)
+        c = _run(name, lean, state, **kw)
+        assert torch.equal(a.accepted, c.accepted), name
+        assert torch.equal(a.token, c.token), name
+        assert (a.state is None and c.state is None) or torch.equal(a.state, c.state), name
+        assert {"passed_ratio", "accepted", "cause"} <= set(c.diag) <= set(a.diag), name
+        for key, t in c.diag.items():
+            assert torch.equal(t, a.diag[key]), (name, key)
+        assert a.diag["cause"].unique().numel() > 1, name  # the blocks exercise the rule
+
+
 def test_es_grid_matches_theory():
     rng = np.random.default_rng(9)
     thetas = [0.1, 0.5, 0.8, 0.95, 1.0]
@@ -498,6 +528,7 @@ def test_rules_do_not_sync_with_host():
             prm = make_params(name, **kw)
             with NoSync():
                 rules.RULES[name].fn(blk, prm, state)
+                rules.RULES[name].fn(dataclasses.replace(blk, diagnostics=False), prm, state)
         with NoSync():
             rules.es_grid(blk.p[:, :k], q, [0.5, 0.95])
     # The detector itself works.
