@@ -107,11 +107,12 @@ def load(pair_name: str, device: torch.device, dtype: torch.dtype, paths=None):
     return pair_name, pair
 
 
-def prompts_for(pair_name: str, pair, n: int, seed: int = 0) -> list[list[int]]:
+def prompts_for(pair_name: str, pair, n: int, seed: int = 0, task: str = "arith"):
+    """Prompt token ids: the bundled task's first ``n`` items (embedded pair), else random."""
     if pair_name == "embedded":
         from relaxspec_audit import tasks
 
-        items = tasks.load_task("arith", limit=n).items
+        items = tasks.load_task(task, limit=n).items
         return [decoder.encode_prompt(pair, it.prompt) for it in items]
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(3, pair.vocab_size, (24,), generator=g).tolist() for _ in range(n)]
@@ -181,6 +182,9 @@ def main() -> None:
     ap.add_argument("--target", help="target model path (with --draft: overrides --pair)")
     ap.add_argument("--draft", help="draft model path")
     ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument(
+        "--task", default="arith", help="bundled task the embedded pair's prompts come from"
+    )
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
@@ -204,7 +208,7 @@ def main() -> None:
     dtype = decoder.resolve_dtype(args.dtype, device)
     paths = (args.target, args.draft) if args.target and args.draft else None
     pair_name, pair = load(args.pair, device, dtype, paths)
-    prompts = prompts_for(pair_name, pair, args.prompts)
+    prompts = prompts_for(pair_name, pair, args.prompts, task=args.task)
     k, n_new = args.k, args.max_new_tokens
     base = {"task": "bench", "target": "t", "draft": "d", "k": k, "max_new_tokens": n_new}
     cfg_log = RunConfig(rule="greedy", temperature=0.0, **base)
@@ -334,7 +338,8 @@ def main() -> None:
     shown = f"{pair_name} ({args.target}, {args.draft})" if paths else pair_name
     print(f"## Decoder benchmark — pair `{shown}`\n")
     print(f"target {n_t / 1e6:.1f}M params, draft {n_d / 1e6:.1f}M, V={pair.vocab_size}, K={k},")
-    print(f"{len(prompts)} prompts x {n_new} new tokens, {args.repeats} repeats (median),")
+    source = f"`{args.task}` " if pair_name == "embedded" else ""
+    print(f"{len(prompts)} {source}prompts x {n_new} new tokens, {args.repeats} repeats (median),")
     print(f"greedy mean tau {tau:.2f}; greedy outputs identical across ours/HF: {identical}")
     print(f"(HF assisted identical to HF greedy: {identical_assisted})\n")
     print("| method | tokens/s | target passes / token | draft passes / token |")
@@ -360,6 +365,7 @@ def main() -> None:
             "pair": pair_name,
             "params": {"target": n_t, "draft": n_d, "vocab": pair.vocab_size, "k": k},
             "prompts": len(prompts),
+            "task": args.task if pair_name == "embedded" else None,
             "max_new_tokens": n_new,
             "tokens_per_s": tps,
             "passes_per_token": fwd,

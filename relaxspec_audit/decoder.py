@@ -5,6 +5,9 @@ the target scores the last emitted token and the ``K`` drafts in ONE forward pas
 KV cache, giving ``p_1..p_{K+1}``; the rule of ``rules.py`` accepts a prefix of length
 ``a`` and emits a recovery (``a < K``) or bonus token; both caches are cropped back to the
 emitted sequence (never recomputed). The emitted token is fed at the start of the next round.
+Drafting stops early at a draft EOS or at the length limit, where no later draft could be
+emitted; the shorter block decides exactly as the full one (``Block.k_nominal`` keeps
+ASD's gate on the run's K), and ``rounds.k`` records the drafts made.
 
 Cache invariant: between rounds both caches hold every token of ``prompt + output`` except
 the last one. The draft's prefill runs the whole prompt and its last logits give ``q_1`` of
@@ -84,6 +87,9 @@ _BOOL_COLS = ("passed_ratio", "in_nucleus", "accepted")
 # or _FLUSH_MAX_ROUNDS rounds.
 _FLUSH_FLOATS = 1 << 24
 _FLUSH_MAX_ROUNDS = 64
+# Stop drafting at a draft EOS (nothing after it can be emitted). Off only in the test that
+# checks outputs are unchanged by it.
+_STOP_DRAFT_AT_EOS = True
 
 
 class DecodeError(ValueError):
@@ -410,6 +416,16 @@ def _prefill(model: Any, prompt: torch.Tensor, cache: Any, v: int) -> torch.Tens
     return _forward(model, prompt, cache, keep=1)[:, -1, :v]
 
 
+def _eos_check_per_step(device: torch.device) -> bool:
+    """Read each draft on the host to stop at a draft EOS (else once per round)?
+
+    A host read is free on CPU; on CUDA it would stall the queue of kernel launches at every
+    draft step, so there the drafts are read once per round (the block still ends at the
+    first EOS: the logs are the same, only the draft passes after an EOS are not saved).
+    """
+    return device.type != "cuda"
+
+
 def _rule_theta(config: RunConfig) -> float:
     from relaxspec_audit.rules import DEFAULT_THETA
 
@@ -568,14 +584,22 @@ def _decode_speculative(
     u_all = _host_uniforms(config, key, 0, config.max_new_tokens + k + 1)  # [3, N+K+1]
     u_all_dev = torch.from_numpy(u_all).to(dev)
     plog = _RoundLog(k, v, theta, grid, u_all) if log else None
+    # Stop drafting at a draft EOS (_eos_check_per_step: per step on CPU, per round on CUDA;
+    # either way the block ends at the first EOS, so the logs do not depend on the device).
+    eos_stop = _STOP_DRAFT_AT_EOS and bool(pair.eos_ids)
+    eos_step = eos_stop and _eos_check_per_step(dev)
+    eos_round = eos_stop and not eos_step
     while len(seq) - n_prompt < config.max_new_tokens:
         start = len(seq) - n_prompt  # abs_pos of x_1
         u_dev = u_all_dev[:, start : start + k + 1]  # [3, K+1]
         t0 = timer.now()
-        # --- draft: K tokens autoregressively; feed what its cache lacks (1 or 2 tokens)
+        # --- draft: up to K tokens autoregressively; feed what its cache lacks (1 or 2
+        # tokens). No draft past the length limit or after a draft EOS can be emitted, so
+        # drafting stops there (the block is shorter; decisions on it are unchanged).
+        k_cap = min(k, config.max_new_tokens - start)
         feed = torch.tensor([seq[d_cache.get_seq_length() :]], dtype=torch.long, device=dev)
         drafts, q_rows = [], []
-        for i in range(k):
+        for i in range(k_cap):
             if d_next is not None:  # first round: the prefill already predicted x_1
                 logits, d_next = d_next, None
             else:
@@ -588,24 +612,32 @@ def _decode_speculative(
             drafts.append(x_i)
             q_rows.append(q_i)
             feed = x_i.view(1, 1)
-        drafts_t = torch.stack(drafts, 1)  # [1, K]
-        q = torch.stack(q_rows, 1)  # [1, K, V]
+            if eos_step and int(x_i) in pair.eos_ids:  # a host read: free on CPU
+                break
+        drafts_t = torch.stack(drafts, 1)  # [1, k_r]
+        if eos_round:  # one device read per round instead of one per draft step
+            x_list = drafts_t[0].tolist()
+            k_r = next((j + 1 for j, t in enumerate(x_list) if t in pair.eos_ids), len(drafts))
+            drafts_t, q_rows = drafts_t[:, :k_r], q_rows[:k_r]
+        k_r = drafts_t.shape[1]
+        q = torch.stack(q_rows, 1)  # [1, k_r, V]
         t1 = timer.now()
         # --- verify: what the target cache lacks (the last emitted token; the whole prompt
-        # in round 0) + the K drafts in ONE target pass; keep the last K+1 rows.
+        # in round 0) + the k_r drafts in ONE target pass; keep the last k_r + 1 rows.
         missing = torch.tensor([seq[t_cache.get_seq_length() :]], dtype=torch.long, device=dev)
-        t_in = torch.cat([missing, drafts_t], 1)  # [1, n + K]
-        z = _forward(pair.target, t_in, t_cache, keep=k + 1)[..., :v].float()  # [1, K+1, V]
+        t_in = torch.cat([missing, drafts_t], 1)  # [1, n + k_r]
+        z = _forward(pair.target, t_in, t_cache, keep=k_r + 1)[..., :v].float()  # [1, k_r+1, V]
         passes += 1
-        p = transform_logits(z, config.temperature, config.top_k, config.top_p)  # [1, K+1, V]
+        p = transform_logits(z, config.temperature, config.top_k, config.top_p)  # [1, k_r+1, V]
         block = rules.Block(
             drafts=drafts_t,
             p=p,
             q=q,
             target_logits=z,
-            u_accept=u_dev[1:2, :k],
-            u_sample=u_dev[2:3, :],
+            u_accept=u_dev[1:2, :k_r],
+            u_sample=u_dev[2:3, : k_r + 1],
             greedy=greedy,
+            k_nominal=k,
             diagnostics=False,  # the rest of the diagnostics: _RoundLog, batched over rounds
         )
         res = fn(block, params, state)
@@ -618,10 +650,10 @@ def _decode_speculative(
         # float64 first: torch.cat promotes the int pieces to it (exact for token ids)
         host = torch.cat([drafts_t[0].double(), res.accepted, res.token, spent]).cpu().numpy()
         t2 = timer.now()  # the round's one device → host copy is done
-        x_host = host[:k].astype(np.int64)
-        a_host = int(host[k])
-        y_host = int(host[k + 1])
-        spent_host = float(host[k + 2])
+        x_host = host[:k_r].astype(np.int64)
+        a_host = int(host[k_r])
+        y_host = int(host[k_r + 1])
+        spent_host = float(host[k_r + 2])
         emitted = [*x_host[:a_host].tolist(), y_host]
         m = min(len(emitted), config.max_new_tokens - start)
         for j, tok in enumerate(emitted[:m]):
@@ -633,22 +665,13 @@ def _decode_speculative(
         if plog is not None:
             # A truncated round logs only its emitted drafts (no recovery/bonus row).
             plog.add(
-                p[0],
-                q[0],
-                z[0],
-                drafts_t[0],
-                res,
-                start,
-                x_host,
-                a_host,
-                y_host,
-                m if truncated else k,
-                not truncated,
-            )
+                p[0], q[0], z[0], drafts_t[0], res, start, x_host, a_host, y_host,
+                m if truncated else k_r, not truncated,
+            )  # fmt: skip
         seq.extend(emitted[:m])
         a_logged = m if truncated else a_host
         spent_row = None if res.state is None else spent_host
-        round_rows.append((len(round_rows), start, k, a_logged, m, t1 - t0, t2 - t1, spent_row))
+        round_rows.append((len(round_rows), start, k_r, a_logged, m, t1 - t0, t2 - t1, spent_row))
         if stop == "eos" or truncated:
             break
         # --- roll both caches back to the emitted sequence (all but its last token)
@@ -657,6 +680,13 @@ def _decode_speculative(
     output_ids = seq[n_prompt:]
     positions = plog.columns() if plog is not None else {}
     return output_ids, stop, passes, positions, _rounds(round_rows)
+
+
+def _pad_rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """``t`` with its last row repeated along dim 0 up to ``n`` rows."""
+    import torch
+
+    return torch.cat([t, t[-1:].expand(n - t.shape[0], *t.shape[1:])])
 
 
 class _RoundLog:
@@ -676,7 +706,8 @@ class _RoundLog:
         self.u_all = u_all  # [3, N+K+1] the request's uniforms (draft, accept, sample)
         self.n_flush = max(1, min(_FLUSH_MAX_ROUNDS, _FLUSH_FLOATS // ((3 * k + 2) * v)))
         self.pending: list[tuple] = []  # device tensors of rounds not yet flushed
-        self.meta: list[tuple[int, int, int, int, bool]] = []  # start, a, y, n_draft_rows, emit
+        # start, a, y, n_draft_rows, emit, k_r per round
+        self.meta: list[tuple[int, int, int, int, bool, int]] = []
         self.drafts: list[np.ndarray] = []  # [K] host draft tokens per round
         self.stats: list[np.ndarray] = []  # per flush [R, S] (layout: _flush)
         self.es: list[np.ndarray] = []  # per flush [R, K, G]
@@ -695,10 +726,20 @@ class _RoundLog:
         n_draft_rows: int,
         emit: bool,
     ) -> None:
-        """One round: p, z ``[K+1, V]``, q ``[K, V]``, drafts ``[K]``, the rule's result."""
-        decisions = tuple(res.diag[key][0] for key in _RULE_KEYS)  # each [K]
+        """Keep one round of ``k_r ≤ K`` drafts for the next flush.
+
+        p, z are ``[k_r+1, V]``, q ``[k_r, V]``, drafts ``[k_r]``. A short round is padded
+        to K by repeating its last row; the padding is never logged (rows ≤ k_r).
+        """
+        decisions = [res.diag[key][0] for key in _RULE_KEYS]  # each [k_r]
+        k, k_r = self.k, drafts.shape[0]
+        if k_r < k:
+            p, z = _pad_rows(p, k + 1), _pad_rows(z, k + 1)
+            q, drafts = _pad_rows(q, k), _pad_rows(drafts, k)
+            decisions = [_pad_rows(d, k) for d in decisions]
+            x_host = np.pad(x_host, (0, k - k_r), mode="edge")
         self.pending.append((p, q, z, drafts, res.token, decisions))
-        self.meta.append((start, a, y, n_draft_rows, emit))
+        self.meta.append((start, a, y, n_draft_rows, emit, k_r))
         self.drafts.append(x_host)
         if len(self.pending) >= self.n_flush:
             self._flush()
@@ -759,12 +800,12 @@ class _RoundLog:
         stats = np.concatenate(self.stats)  # [R, S]
         es = np.concatenate(self.es)  # [R, K, G]
         n_r = stats.shape[0]
-        start, a, y, n_rows, emit = (np.array(col) for col in zip(*self.meta, strict=True))
+        start, a, y, n_rows, emit, k_r = (np.array(c) for c in zip(*self.meta, strict=True))
         # Slots [R, K+1]: K draft rows, then the emitted row; `keep` drops unlogged slots.
         draft_part = stats[:, : (n_s + 3) * k].reshape(n_r, n_s + 3, k)
         emit_part = stats[:, (n_s + 3) * k :]  # [R, n_s]
         keep = np.concatenate([np.arange(k) < n_rows[:, None], emit[:, None]], 1)
-        bonus = a == k
+        bonus = a == k_r  # the whole (possibly short) block accepted
         cols: dict[str, Any] = {}
         for i, name in enumerate(_HOST_STATS):
             e = emit_part[:, i].copy()

@@ -119,6 +119,10 @@ class Block:
         u_sample: ``[B, K+1]`` recovery uniform at each position; column K is the bonus.
         greedy: Temperature 0: ratio tests become token equality with the target argmax,
             and recovery/bonus are the target argmax.
+        k_nominal: The run's K when this block is shorter (the decoder stops drafting at a
+            draft EOS or at the length limit, after which no draft can be emitted). ASD's
+            remaining length stays ``K_nominal − i + 1``, so decisions equal those on the
+            full block. None: ``K``.
         diagnostics: Return every key of ``DIAG_KEYS`` in ``BlockResult.diag``. False: the
             rule computes only the statistics its decision needs, and ``diag`` holds those
             plus ``passed_ratio``, ``accepted`` and ``cause`` (the decoder computes the rest
@@ -132,6 +136,7 @@ class Block:
     u_accept: Tensor
     u_sample: Tensor
     greedy: bool = False
+    k_nominal: int | None = None
     diagnostics: bool = True
 
     def __post_init__(self) -> None:
@@ -155,6 +160,8 @@ class Block:
         for name, (t, shape) in expected.items():
             if tuple(t.shape) != shape:
                 raise ValueError(f"Block.{name}: expected shape {shape}, got {tuple(t.shape)}")
+        if self.k_nominal is not None and self.k_nominal < k:
+            raise ValueError(f"Block.k_nominal: must be >= K = {k}, got {self.k_nominal}")
 
     @property
     def k(self) -> int:
@@ -753,7 +760,8 @@ def _rule_asd(block: Block, params: AsdParams, state: Tensor | None) -> BlockRes
         return res
     d = ~st["match"]  # [B, K] mismatch d_i
     r = st["regret"].to(torch.float64)  # [B, K] r_i = z(y*) − z(x) ≥ 0
-    remaining = torch.arange(k, 0, -1, device=d.device, dtype=torch.float64)  # K − i + 1
+    k_run = block.k_nominal or k  # the run's K (a block cut at a draft EOS is shorter)
+    remaining = torch.arange(k_run, k_run - k, -1, device=d.device, dtype=torch.float64)  # K−i+1
     cost = torch.where(d, r, 0.0)  # d_i r_i
     c = torch.cumsum(cost, 1)  # [B, K] C_i
     n = torch.cumsum(d.to(torch.float64), 1)  # [B, K] N_i

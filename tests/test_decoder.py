@@ -89,7 +89,7 @@ def test_greedy_stops_at_eos_like_generate(tiny_llama_pair):
         out = rows.request["output_ids"]
         assert out == ref[: ref.index(eos) + 1] and rows.request["stop"] == "eos"
         assert len(rows.positions["token"]) >= len(out)
-        _check_request_logs(rows, k=4 if rule == "greedy" else 0)
+        _check_request_logs(rows, k=4 if rule == "greedy" else 0, eos={eos})
 
 
 def test_asd_budget_spends_and_ledger_logged(tiny_llama_pair):
@@ -105,7 +105,7 @@ def test_asd_budget_spends_and_ledger_logged(tiny_llama_pair):
         n_exc = sum(c == "accept_exception" for c in causes)
         assert (n_exc > 0) == (spent[-1] > 0)
         spent_final.append(spent[-1])
-        _check_request_logs(rows, k=cfg.k)
+        _check_request_logs(rows, k=cfg.k, eos=pair.eos_ids, max_new=cfg.max_new_tokens)
     assert max(spent_final) > 0  # some exception was accepted somewhere
 
 
@@ -127,6 +127,64 @@ def test_embedded_pair_greedy_matches_generate():
             ref = _generate(pair.target, ids, 32, eos_token_id=sorted(pair.eos_ids))
             out = decoder.decode_request(pair, ids, cfg, item.id).request["output_ids"]
             assert out == ref, (rule, item.id)
+
+
+@pytest.mark.skipif(
+    not (EMBEDDED_DIR / "target" / "config.json").exists(),
+    reason=f"embedded pair not built ({EMBEDDED_DIR} missing; `make models`)",
+)
+def test_stopping_drafts_at_eos_changes_no_output(monkeypatch):
+    """Drafting stops at a draft EOS (nothing after it can be emitted): outputs, and every
+    row both runs log, equal those of drafting K every round; only not-reached rows after
+    the EOS disappear and fewer drafts are made. The per-round check (CUDA) and the
+    per-step check (CPU) give identical logs.
+    """
+    from relaxspec_audit import tasks
+
+    pair = decoder.load_pair(
+        str(EMBEDDED_DIR / "target"), str(EMBEDDED_DIR / "draft"), "cpu", "float32"
+    )
+    items = tasks.load_task("arith", limit=6).items
+    cases = [
+        ("exact", {}, 1.0),
+        ("nucleus", {"theta": 0.9}, 1.0),
+        ("asd", {"budget": 8.0, "gate": 0.25, "cap": 2}, 0.0),
+        # a loose gate: here a short block's own length would flip decisions (k_nominal)
+        ("asd", {"budget": 100.0, "gate": 4.0, "cap": 5}, 0.0),
+    ]
+    drafted = {}
+    for mode in ("off", "step", "round"):
+        monkeypatch.setattr(decoder, "_STOP_DRAFT_AT_EOS", mode != "off")
+        monkeypatch.setattr(decoder, "_eos_check_per_step", lambda dev, m=mode: m == "step")
+        frames = {}
+        for rule, params, temp in cases:
+            cfg = _cfg(rule=rule, params=params, temperature=temp, k=5, max_new_tokens=32)
+            for item in items:
+                ids = decoder.encode_prompt(pair, item.prompt)
+                rows = decoder.decode_request(pair, ids, cfg, item.id, timing=False)
+                _check_request_logs(rows, k=5, eos=pair.eos_ids, max_new=32)
+                frames[rule, str(params), item.id] = (
+                    rows.request["output_ids"],
+                    logs.to_frame("positions", rows.positions, "r", item.id),
+                    sum(rows.rounds["k"]),
+                )
+        drafted[mode] = frames
+    for key, (out_off, pos_off, k_off) in drafted["off"].items():
+        out_step, pos_step, k_step = drafted["step"][key]
+        out_round, pos_round, k_round = drafted["round"][key]
+        assert out_step == out_off == out_round, key
+        assert pos_step.equals(pos_round) and k_step == k_round, key
+        assert k_step <= k_off, key
+        both = pos_off.join(pos_step, on=["round", "pos", "kind"], suffix="_s")
+        assert both.height == pos_step.height, key  # every row logged is also logged off
+        assert (both["token"] == both["token_s"]).all() and both["cause"].equals(
+            both["cause_s"].alias("cause")
+        ), key
+        np.testing.assert_allclose(both["p"], both["p_s"], rtol=1e-5, atol=1e-6)
+        dropped = pos_off.join(pos_step, on=["round", "pos", "kind"], how="anti")
+        assert (dropped["cause"] == "not_reached").all(), key
+    saved = sum(f[2] for f in drafted["off"].values()) - sum(f[2] for f in drafted["step"].values())
+    assert saved > 0
 
 
 # ------------------------------------------------------------------ lossless exact (§2.1)
@@ -239,7 +297,7 @@ def test_same_seed_reproducible_other_seed_differs(tiny_llama_pair):
 # ------------------------------------------------------------------ logs of one request
 
 
-def _check_request_logs(rows, k: int) -> None:
+def _check_request_logs(rows, k: int, eos=frozenset(), max_new: int = 24) -> None:
     """Every emitted token appears exactly once, in order; accepted lengths agree."""
     df = logs.to_frame("positions", rows.positions, "run", rows.request_id)
     rd = logs.to_frame("rounds", rows.rounds, "run", rows.request_id)
@@ -257,7 +315,13 @@ def _check_request_logs(rows, k: int) -> None:
     joined = rd.join(per_round, on="round").sort("round")
     assert joined["accepted"].to_list() == joined["acc"].to_list()
     assert joined["emitted"].to_list() == joined["n"].to_list()
-    assert (rd["k"] == k).all()
+    # K drafts per round, fewer only where drafting stopped at a draft EOS or the length limit
+    assert (rd["k"] <= k).all()
+    short = rd.filter(pl.col("k") < k)
+    for rnd, start, k_r in short.select("round", "start_pos", "k").iter_rows():
+        drafted = df.filter((pl.col("round") == rnd) & (pl.col("kind") == "draft")).sort("pos")
+        at_eos = drafted.height == k_r and drafted["token"][-1] in eos
+        assert at_eos or start + k_r == max_new, (rnd, k_r)
     # rounds tile the completion: each starts where the previous one ended
     assert rd["start_pos"].to_list() == [0, *np.cumsum(rd["emitted"].to_list())[:-1].tolist()]
     # a draft row is accepted exactly on the accepted prefix; causes are consistent
@@ -284,7 +348,7 @@ def test_request_logs_consistent(tiny_qwen2_pair, rule, params, temperature):
     for i, prompt in enumerate(PROMPTS[:3]):
         rows = decoder.decode_request(pair, pair.tokenizer(prompt)["input_ids"], cfg, f"r{i}")
         assert rows.request["n_tokens"] == 21 or rows.request["stop"] == "eos"
-        _check_request_logs(rows, k=0 if rule == "target" else 3)
+        _check_request_logs(rows, k=0 if rule == "target" else 3, eos=pair.eos_ids, max_new=21)
         df = logs.to_frame("positions", rows.positions, "run", rows.request_id)
         g = len(cfg.theta_grid)
         has_q = df.filter(pl.col("kind") != "bonus")
@@ -304,7 +368,7 @@ def test_truncated_round_logs_only_emitted(tiny_llama_pair):
         kinds = np.array(rows.positions["kind"])
         emitted = (kinds != "draft") | np.array([bool(a) for a in rows.positions["accepted"]])
         assert rows.positions["abs_pos"][emitted].max() == n - 1
-        _check_request_logs(rows, k=4)
+        _check_request_logs(rows, k=4, eos=pair.eos_ids, max_new=n)
 
 
 @pytest.mark.parametrize("rule, temperature", [("nucleus", 1.0), ("asd", 0.0)])
@@ -450,9 +514,9 @@ def test_cuda_greedy_matches_generate_and_logs(tiny_llama_pair):
             )[0, len(ids) :].tolist()
         rows = decoder.decode_request(pair, ids, cfg, f"r{i}")
         assert rows.request["output_ids"] == ref
-        _check_request_logs(rows, k=cfg.k)
+        _check_request_logs(rows, k=cfg.k, eos=pair.eos_ids)
     rows = decoder.decode_request(pair, ids, _cfg(rule="nucleus"), "s")
-    _check_request_logs(rows, k=cfg.k)
+    _check_request_logs(rows, k=cfg.k, eos=pair.eos_ids)
     assert all(t > 0 for t in rows.rounds["verify_s"])
 
 

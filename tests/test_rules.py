@@ -227,6 +227,24 @@ def test_asd_gate_divides_by_remaining_length():
     assert asd_accept_length([0, 1, 0], z, budget=8, gate=0.25, cap=2)[0] == 3
 
 
+def test_asd_short_block_keeps_the_runs_remaining_length():
+    """A block cut short (draft EOS / length limit) gates with K_nominal − i + 1 (§2.4)."""
+    # Regret .6 at position 1 of a 1-draft block: .6 / 1 > .25 on its own length, but in a
+    # run with K = 3 the remaining length is 3: .6 / 3 = .2 ≤ .25 → accepted, as on the
+    # full block.
+    full = _run("asd", _block([1, 0, 0], _asd_logits([0.6, 0.0, 0.0]).tolist(), greedy=True))
+    z_short = _asd_logits([0.6])
+    alone = _run("asd", _block([1], z_short.tolist(), greedy=True))
+    short = _block([1], z_short.tolist(), greedy=True)
+    cut = _run("asd", dataclasses.replace(short, k_nominal=3))
+    assert alone.accepted.item() == 0 and alone.diag["cause"][0, 0] == Cause.REJECT_GATE
+    assert cut.accepted.item() == 1 and cut.diag["cause"][0, 0] == Cause.ACCEPT_EXCEPTION
+    assert full.diag["cause"][0, 0] == Cause.ACCEPT_EXCEPTION
+    assert cut.state.item() == pytest.approx(full.state.item()) == pytest.approx(0.6)
+    with pytest.raises(ValueError, match="k_nominal"):
+        dataclasses.replace(short, k_nominal=0)
+
+
 def test_asd_budget_and_ledger_carry_over():
     z = _asd_logits([0.6, 0.0, 0.0])
     # Budget 1, already spent .5: C_1 = .6 > .5 → REJECT_BUDGET, ledger unchanged.
