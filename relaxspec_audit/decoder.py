@@ -87,6 +87,7 @@ _BOOL_COLS = ("passed_ratio", "in_nucleus", "accepted")
 # or _FLUSH_MAX_ROUNDS rounds.
 _FLUSH_FLOATS = 1 << 24
 _FLUSH_MAX_ROUNDS = 64
+_CPU_CHUNK = 1 << 17  # elements per token_stats call on CPU (see _RoundLog._flush)
 # Stop drafting at a draft EOS (nothing after it can be emitted). Off only in the test that
 # checks outputs are unchanged by it.
 _STOP_DRAFT_AT_EOS = True
@@ -751,21 +752,25 @@ class _RoundLog:
 
         if not self.pending:
             return
-        k, n = self.k, len(self.pending)
-        p, q, z, x = (torch.stack([r[i] for r in self.pending]) for i in range(4))
-        v = p.shape[-1]
-        y = torch.cat([r[4] for r in self.pending])  # [R]
-        a = torch.tensor([m[1] for m in self.meta[-n:]], device=p.device)  # [R]
-        rows = torch.arange(n, device=p.device)
-        # One token_stats over the R·K drafts, then the R emitted tokens (a bonus row's q
-        # is ignored on the host).
-        st = rules.token_stats(
-            torch.cat([p[:, :k].reshape(-1, v), p[rows, a]]),
-            torch.cat([q.reshape(-1, v), q[rows, a.clamp(max=k - 1)]]),
-            torch.cat([z[:, :k].reshape(-1, v), z[rows, a]]),
-            torch.cat([x.reshape(-1), y]),
-            self.theta,
-        )  # each [R·K + R]
+        k, pend = self.k, self.pending
+        n = len(pend)
+        a = [m[1] for m in self.meta[-n:]]
+        # Rows: the R·K drafts, then the R emitted tokens; one copy per tensor (a bonus
+        # row's q is a stand-in, ignored on the host).
+        emit = list(zip(pend, a, strict=True))
+        p = torch.cat([r[0][:k] for r in pend] + [r[0][ai : ai + 1] for r, ai in emit])
+        q = torch.cat([r[1] for r in pend] + [r[1][min(ai, k - 1)][None] for r, ai in emit])
+        z = torch.cat([r[2][:k] for r in pend] + [r[2][ai : ai + 1] for r, ai in emit])
+        x = torch.cat([r[3] for r in pend] + [r[4] for r in pend])  # [R·K + R]
+        # On CPU in row chunks of ~128k elements: the full-size temporaries of each chunk
+        # stay in cache (about 1.5x faster on a 4096-token vocabulary); one call on a GPU.
+        step = p.shape[0] if p.is_cuda else max(1, _CPU_CHUNK // p.shape[-1])
+        parts = [
+            rules.token_stats(p[i : i + step], q[i : i + step], z[i : i + step], x[i : i + step],
+                              self.theta)
+            for i in range(0, p.shape[0], step)
+        ]  # fmt: skip
+        st = {c: torch.cat([part[c] for part in parts]) for c in _STAT_KEYS}  # [R·K + R]
         decisions = torch.stack([d for r in self.pending for d in r[5]])  # [3R, K] int64
         floats = torch.stack([st[c] for c in _HOST_STATS[: -len(_INT_STATS)]])
         ints = torch.stack([st[c] for c in _INT_STATS])  # int64 (bool promoted)
@@ -786,7 +791,8 @@ class _RoundLog:
                 1,
             )
         )  # [R, (S + 3)·K + S]: draft stats, decisions, emitted-token stats
-        self.es.append(es_grid_topm(p[:, :k], q, self.grid))  # [R, K, G]
+        es = es_grid_topm(p[: n * k], q[: n * k], self.grid)  # [R·K, G]
+        self.es.append(es.reshape(n, k, -1))
         self.pending.clear()
 
     def columns(self) -> dict[str, Any]:

@@ -383,49 +383,63 @@ def token_stats(
         ``mass_above``, ``entropy_p``, ``entropy_q``, ``tv_pq``, ``regret``,
         ``target_argmax`` (int64), ``in_nucleus`` (bool).
     """
-    import torch
-
-    v = p.shape[-1]
-    t = tokens.unsqueeze(-1)  # [..., 1]
     out = _gather_stats(p, q, logits, tokens)
-    px = out["p"].unsqueeze(-1)  # [..., 1]
-    ids = torch.arange(v, device=p.device)  # [V]
-    # Tokens ranked before x: strictly more probable, or equally probable with a smaller id.
-    before = (p > px) | ((p == px) & (ids < t))  # [..., V]
-    rank = before.sum(-1) + 1  # [...]
-    # float64 sum so the nucleus boundary test is not decided by float32 drift over V terms.
-    mass_above = torch.where(before, p.to(torch.float64), 0.0).sum(-1)  # [...]
-    px = px.squeeze(-1)
-    out.update(
-        p_max=p.amax(-1),
-        rank=rank.to(torch.int64),
-        mass_above=mass_above.to(p.dtype),
-        entropy_p=_entropy(p),
-        in_nucleus=_nucleus_test(mass_above, px, theta),
-    )
-    if q is None:
-        nan = torch.full_like(px, float("nan"))
-        out.update(entropy_q=nan, tv_pq=nan.clone())
-    else:
-        out.update(
-            entropy_q=_entropy(q),
-            tv_pq=(q - p).clamp_min(0).sum(-1),  # R = Σ (q − p)_+ (SPEC §2.1)
-        )
+    out.update(_order_stats(p, out["p"], tokens, theta))
+    out.update(_spread_stats(p, q))
     return out
 
 
+# The parts of token_stats, each computed with as few [..., V] temporaries as possible (on
+# CPU every full-size temporary costs a pass over fresh memory).
+
+
 def _gather_stats(p: Tensor, q: Tensor | None, logits: Tensor, tokens: Tensor) -> dict[str, Tensor]:
-    """The cheap part of :func:`token_stats`: ``p``, ``q``, ``regret``, ``target_argmax``."""
+    """``p``, ``q``, ``regret``, ``target_argmax``: gathers and one max over V."""
     import torch
 
     t = tokens.unsqueeze(-1)  # [..., 1]
     px = p.gather(-1, t).squeeze(-1)
+    z_max, z_arg = logits.max(-1)  # one pass; the index is the first maximum on ties
     return {
         "p": px,
         "q": torch.full_like(px, float("nan")) if q is None else q.gather(-1, t).squeeze(-1),
-        "regret": logits.amax(-1) - logits.gather(-1, t).squeeze(-1),
-        "target_argmax": logits.argmax(-1).to(torch.int64),  # first maximum on ties
+        "regret": z_max - logits.gather(-1, t).squeeze(-1),
+        "target_argmax": z_arg.to(torch.int64),
     }
+
+
+def _order_stats(p: Tensor, px: Tensor, tokens: Tensor, theta: float) -> dict[str, Tensor]:
+    """``rank``, ``mass_above``, ``in_nucleus`` of the tokens (tie order: p desc, id asc)."""
+    import torch
+
+    ids = torch.arange(p.shape[-1], device=p.device)  # [V]
+    pxe = px.unsqueeze(-1)  # [..., 1]
+    # Tokens ranked before x: strictly more probable, or equally probable with a smaller id.
+    before = (p > pxe).logical_or_((p == pxe).logical_and_(ids < tokens.unsqueeze(-1)))
+    # float64 accumulation so the nucleus boundary test is not decided by float32 drift
+    # over V terms (p · mask is exact; the sum upcasts without a float64 copy of p).
+    mass_above = (p * before).sum(-1, dtype=torch.float64)  # [...]
+    return {
+        "rank": before.sum(-1).add_(1).to(torch.int64),
+        "mass_above": mass_above.to(p.dtype),
+        "in_nucleus": _nucleus_test(mass_above, px, theta),
+    }
+
+
+def _spread_stats(p: Tensor, q: Tensor | None) -> dict[str, Tensor]:
+    """``p_max``, ``entropy_p``, ``entropy_q``, ``tv_pq`` (NaN without q)."""
+    import torch
+
+    out = {"p_max": p.amax(-1), "entropy_p": _entropy(p)}
+    if q is None:
+        nan = torch.full_like(out["p_max"], float("nan"))
+        out.update(entropy_q=nan, tv_pq=nan.clone())
+    else:  # R = Σ (q − p)_+ (SPEC §2.1)
+        out.update(entropy_q=_entropy(q), tv_pq=(q - p).clamp_min_(0).sum(-1))
+    return out
+
+
+_ORDER_KEYS = ("rank", "mass_above", "in_nucleus")
 
 
 def _entropy(p: Tensor) -> Tensor:
@@ -438,21 +452,24 @@ def _entropy(p: Tensor) -> Tensor:
 
 
 class _LazyStats(dict):
-    """Draft statistics that compute the rest of :func:`token_stats` on first use.
+    """Draft statistics that compute the other parts of :func:`token_stats` on first use.
 
-    Holds the cheap keys of :func:`_gather_stats` (plus what the rule adds); reading any
-    other key of ``TOKEN_STAT_KEYS`` runs the full :func:`token_stats` once.
+    Holds the keys of :func:`_gather_stats` (plus what the rule adds); reading a key of
+    :func:`_order_stats` or :func:`_spread_stats` computes that part once.
     """
 
-    def __init__(self, full: Callable[[], dict[str, Tensor]], cheap: dict[str, Tensor]):
-        super().__init__(cheap)
-        self._full = full
+    def __init__(self, p: Tensor, q: Tensor, tokens: Tensor, theta: float):
+        self._args = (p, q, tokens, theta)
+        super().__init__()
 
     def __missing__(self, key: str) -> Tensor:
-        if key not in TOKEN_STAT_KEYS:
+        p, q, tokens, theta = self._args
+        if key in _ORDER_KEYS:
+            self.update(_order_stats(p, self["p"], tokens, theta))
+        elif key in TOKEN_STAT_KEYS:
+            self.update(_spread_stats(p, q))
+        else:
             raise KeyError(key)
-        for name, value in self._full().items():
-            self.setdefault(name, value)
         return self[key]
 
 
@@ -533,7 +550,8 @@ def _draft_stats(block: Block, theta: float) -> dict[str, Tensor]:
     if block.diagnostics:
         st = token_stats(*args, theta)
     else:
-        st = _LazyStats(lambda: token_stats(*args, theta), _gather_stats(*args))
+        st = _LazyStats(args[0], args[1], args[3], theta)
+        st.update(_gather_stats(*args))
     match = block.drafts == st["target_argmax"]  # [B, K]
     if block.greedy:
         # One-hot limit of the ratio test (ARCHITECTURE, greedy mode).
