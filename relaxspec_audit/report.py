@@ -824,9 +824,12 @@ def recommend(
         rows = {split: _setting_row(fam, split, chosen) for split in (discovery, confirmation)}
         shown = (rows[discovery] or {}).get("setting")
         if chosen is None:
-            # Nothing chosen: show the fastest setting's numbers, labelled as not chosen.
+            # Nothing chosen: show the fastest setting's numbers, labelled as not chosen
+            # (by τ, a function of the logs, as select._fastest ranks; then wall clock).
             fastest = fam.filter(pl.col("split") == discovery).sort(
-                "speedup_vs_reference", descending=True, nulls_last=True
+                ["tau", "speedup_vs_reference", "setting"],
+                descending=[True, True, False],
+                nulls_last=True,
             )
             if fastest.height:
                 label = fastest["setting"][0]

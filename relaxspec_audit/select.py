@@ -237,17 +237,24 @@ def frontier(
     return out.sort(cols)
 
 
-def _fastest(df: pl.DataFrame) -> dict[str, Any]:
-    """The fastest setting: most tokens per target pass, then measured speedup.
+def _fastest(df: pl.DataFrame, setting_cols: Sequence[str] = ()) -> dict[str, Any]:
+    """The fastest setting: most tokens per target pass; ties broken from the logs.
 
     τ is a deterministic function of the logs; within one rule family the draft and K are
-    fixed, so the cost of a target pass plus its K draft passes is the same for every
+    fixed, so the cost of a target pass plus its draft passes is about the same for every
     setting and τ orders them as the modelled speedup ``τ / (1 + K·c)`` does (SPEC §1).
-    Wall-clock speedups on a shared machine move by several percent between identical
-    runs, so they only break ties in τ.
+    Settings with equal τ (typically identical outputs) are ordered by the larger accuracy
+    delta, the smaller deviation ``eps`` (when given), then the smaller setting values:
+    all functions of the logs, so the same logs always give the same choice. Wall-clock
+    speedups move by several percent between identical runs on a shared machine and are
+    used only when τ is unknown.
     """
     if "tau" in df.columns and df["tau"].null_count() < df.height:
-        return df.sort(["tau", "speedup"], nulls_last=False).row(-1, named=True)
+        keys = [("tau", True), ("delta", True), ("eps", False)]
+        keys += [(c, False) for c in setting_cols]
+        keys = [(c, desc) for c, desc in keys if c in df.columns]
+        ordered = df.sort([c for c, _ in keys], descending=[d for _, d in keys], nulls_last=True)
+        return ordered.row(0, named=True)
     return df.sort("speedup").row(-1, named=True)
 
 
@@ -285,10 +292,11 @@ def recommend(
        when every setting is shown inferior (CI upper end < −margin) or over the cap,
        else ``INCONCLUSIVE``.
     3. The fastest candidate (:func:`_fastest`: most tokens per target pass, ties broken
-       by measured speedup) is re-tested on the confirmation split alone. Its item
-       count must reach ``max(min_items, n_required)`` where ``n_required`` is
-       :func:`required_items` at the discovery sd (:func:`planning_sd`), true delta 0,
-       level α and ``power`` — else ``INCONCLUSIVE`` with ``n_required``.
+       by accuracy delta, deviation, then setting values) is re-tested on the
+       confirmation split alone. Its item count must reach ``max(min_items,
+       n_required)`` where ``n_required`` is :func:`required_items` at the discovery sd
+       (:func:`planning_sd`), true delta 0, level α and ``power`` — else
+       ``INCONCLUSIVE`` with ``n_required``.
     4. Confirmation non-inferior → ``PASS``; otherwise ``FAIL`` (shown inferior, or not
        shown non-inferior by an adequately powered test).
 
@@ -351,7 +359,7 @@ def recommend(
                 f"{inferior.height} of {fd.height} are shown inferior (CI upper < −{margin})"
             )
             return Verdict("FAIL", None, reasons, numbers)
-        best = _fastest(allowed.filter(pl.col("ci_high") >= -margin))
+        best = _fastest(allowed.filter(pl.col("ci_high") >= -margin), cols)
         sd = planning_sd(best["sd_diff"], best["n_items"], best["binary"])
         n_req = required_items(sd, margin, alpha=alpha, power=power)
         reasons.append(
@@ -361,7 +369,7 @@ def recommend(
         numbers["planning_sd"] = sd
         return Verdict("INCONCLUSIVE", None, reasons, numbers, n_required=n_req)
 
-    chosen = _fastest(cand)
+    chosen = _fastest(cand, cols)
     setting = {c: chosen[c] for c in cols}
     reasons.append(
         f"discovery: fastest non-inferior setting {setting} "

@@ -140,11 +140,20 @@ def test_identical_scores_on_few_items_are_not_certified():
     assert json.loads(v.to_json())["n_required"] == v.n_required
 
 
-def test_fastest_ranks_by_tokens_per_pass_then_wall_clock():
-    # τ is deterministic given the logs; wall-clock speedups only break ties (select._fastest).
+def test_fastest_ranks_by_tokens_per_pass_then_log_quantities_not_wall_clock():
+    # τ is deterministic given the logs; ties go to the better delta, then the smaller
+    # setting, never to the wall clock (select._fastest), so equal logs give equal choices.
     df = pl.DataFrame(
-        {"theta": [0.8, 0.9, 0.95], "tau": [2.0, 2.5, 2.5], "speedup": [1.30, 1.01, 1.04]}
+        {
+            "theta": [0.8, 0.9, 0.95, 0.99],
+            "tau": [2.0, 2.5, 2.5, 2.5],
+            "delta": [0.0, -0.01, 0.0, 0.0],
+            "speedup": [1.30, 1.01, 1.04, 1.09],
+        }
     )
-    assert sel._fastest(df)["theta"] == 0.95
+    assert sel._fastest(df, ["theta"])["theta"] == 0.95
+    assert sel._fastest(df.reverse(), ["theta"])["theta"] == 0.95  # order-independent
+    with_eps = df.with_columns(pl.Series("eps", [0.0, 0.0, 0.02, 0.01]))
+    assert sel._fastest(with_eps, ["theta"])["theta"] == 0.99
     no_tau = df.with_columns(pl.lit(None, dtype=pl.Float64).alias("tau"))
-    assert sel._fastest(no_tau)["theta"] == 0.8
+    assert sel._fastest(no_tau)["theta"] == 0.8  # τ unknown: the measured speedup
