@@ -443,14 +443,14 @@ def es_grid_topm(p: torch.Tensor, q: torch.Tensor, grid: list[float], m: int = 3
     max θ, no token outside the top m (and none tied with the m-th) is in any nucleus of
     the grid, and every nucleus member's ``mass_above`` is the same inside the top m as in
     the whole vocabulary: E_S is exact. Rows where that fails (flatter p) are retried with
-    8× more tokens, and finally on the full vocabulary. This replaces a sort over V per
+    4× more tokens, and finally on the full vocabulary. This replaces a sort over V per
     position (the cost of E_S) by a top-k for the usual peaked rows.
 
     Args:
         p: ``[..., V]`` target probabilities.
         q: ``[..., V]`` draft probabilities.
         grid: θ values in (0, 1].
-        m: tokens kept per row in the first stage (then 8m, 64m, ... while below V/4).
+        m: tokens kept per row in the first stage (then 4m, 16m, ... while below V/4).
 
     Returns:
         ``[..., G]`` float32 numpy array, E_S at each θ.
@@ -479,7 +479,7 @@ def es_grid_topm(p: torch.Tensor, q: torch.Tensor, grid: list[float], m: int = 3
         safe = both[:, -1] >= max(grid)
         out[todo[safe]] = both[safe, :-1]
         todo = todo[~safe]
-        m *= 8
+        m *= 4
     if todo.size == p2.shape[0]:
         out = es_grid(p2, q2, grid).cpu().numpy()
     elif todo.size:
