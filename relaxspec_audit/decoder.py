@@ -683,6 +683,47 @@ def _decode_speculative(
     return output_ids, stop, passes, positions, _rounds(round_rows)
 
 
+def _host_token_stats(
+    p: torch.Tensor,
+    q: torch.Tensor | None,
+    z: torch.Tensor,
+    x: torch.Tensor,
+    theta: float,
+    extra: torch.Tensor | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``rules.token_stats`` of N rows ``[N, V]`` on the host, in one device → host copy.
+
+    On CPU the rows go in chunks of about ``_CPU_CHUNK`` elements, so the full-size
+    temporaries of each chunk stay in cache (about 1.5x faster at V = 4096); one call on a
+    GPU. ``extra`` (any shape, exact in float64) travels in the same copy.
+
+    Returns:
+        ``[len(_HOST_STATS), N]`` float64 statistics in ``_HOST_STATS`` order, and the
+        flattened ``extra`` (empty without it).
+    """
+    import torch
+
+    from relaxspec_audit import rules
+
+    n = p.shape[0]
+    step = n if p.is_cuda else max(1, _CPU_CHUNK // p.shape[-1])
+    parts = [
+        rules.token_stats(p[i : i + step], None if q is None else q[i : i + step],
+                          z[i : i + step], x[i : i + step], theta)
+        for i in range(0, n, step)
+    ]  # fmt: skip
+    st = {c: torch.cat([part[c] for part in parts]) for c in _STAT_KEYS}  # each [N]
+    floats = torch.stack([st[c] for c in _HOST_STATS[: -len(_INT_STATS)]])
+    ints = torch.stack([st[c] for c in _INT_STATS])  # int64 (bool promoted)
+    # float64 holds every token id and rank exactly
+    pieces = [floats.double().reshape(-1), ints.reshape(-1)]
+    if extra is not None:
+        pieces.append(extra.reshape(-1))
+    host = torch.cat(pieces).cpu().numpy()
+    n_s = len(_HOST_STATS)
+    return host[: n_s * n].reshape(n_s, n), host[n_s * n :]
+
+
 def _pad_rows(t: torch.Tensor, n: int) -> torch.Tensor:
     """``t`` with its last row repeated along dim 0 up to ``n`` rows."""
     import torch
@@ -748,8 +789,6 @@ class _RoundLog:
     def _flush(self) -> None:
         import torch
 
-        from relaxspec_audit import rules
-
         if not self.pending:
             return
         k, pend = self.k, self.pending
@@ -762,25 +801,10 @@ class _RoundLog:
         q = torch.cat([r[1] for r in pend] + [r[1][min(ai, k - 1)][None] for r, ai in emit])
         z = torch.cat([r[2][:k] for r in pend] + [r[2][ai : ai + 1] for r, ai in emit])
         x = torch.cat([r[3] for r in pend] + [r[4] for r in pend])  # [R·K + R]
-        # On CPU in row chunks of ~128k elements: the full-size temporaries of each chunk
-        # stay in cache (about 1.5x faster on a 4096-token vocabulary); one call on a GPU.
-        step = p.shape[0] if p.is_cuda else max(1, _CPU_CHUNK // p.shape[-1])
-        parts = [
-            rules.token_stats(p[i : i + step], q[i : i + step], z[i : i + step], x[i : i + step],
-                              self.theta)
-            for i in range(0, p.shape[0], step)
-        ]  # fmt: skip
-        st = {c: torch.cat([part[c] for part in parts]) for c in _STAT_KEYS}  # [R·K + R]
         decisions = torch.stack([d for r in self.pending for d in r[5]])  # [3R, K] int64
-        floats = torch.stack([st[c] for c in _HOST_STATS[: -len(_INT_STATS)]])
-        ints = torch.stack([st[c] for c in _INT_STATS])  # int64 (bool promoted)
-        # One copy: float stats, int stats [S, R·K + R], decisions [3R·K]; float64 holds
-        # every token id and rank exactly.
-        host = torch.cat([floats.double().reshape(-1), ints.reshape(-1), decisions.reshape(-1)])
-        host = host.cpu().numpy()
+        st_h, dec = _host_token_stats(p, q, z, x, self.theta, extra=decisions)
         n_s, n_pos = len(_HOST_STATS), n * k
-        st_h = host[: n_s * (n_pos + n)].reshape(n_s, n_pos + n)
-        dec_h = host[n_s * (n_pos + n) :].reshape(n, 3, k)
+        dec_h = dec.reshape(n, 3, k)
         self.stats.append(
             np.concatenate(
                 [
@@ -885,7 +909,8 @@ def _decode_target_only(
     """Autoregressive decoding with the target alone (the speed baseline, greedy reference).
 
     Each token is one target pass, logged as a round with K = 0 whose single position is a
-    ``bonus`` row (the token is sampled from p, like a bonus after an empty block).
+    ``bonus`` row (the token is sampled from p, like a bonus after an empty block). The
+    token is read on the host every step (for the EOS check), logging or not.
     """
     import torch
 
@@ -903,44 +928,41 @@ def _decode_target_only(
     u_all = rng.uniforms(config.seed, key, np.arange(n_new, dtype=np.int64), rng.Purpose.SAMPLE)
     u_dev = torch.from_numpy(u_all).to(dev)  # [N], one transfer for the whole request
     output: list[int] = []
-    pos_rows: list[dict[str, Any]] = []
     round_rows: list[tuple] = []
     stop = "length"
     n_grid = len(config.theta_grid)
+    # Logging batched as in _RoundLog: keep each token's logits (and p when sampling) and
+    # compute token_stats for many tokens at once, one host copy per batch.
+    n_flush = max(1, min(256, _FLUSH_FLOATS // (2 * v)))
+    pending: list[tuple] = []  # (z [1, V], p [1, V] or None, y [1]) not yet flushed
+    stats: list[np.ndarray] = []  # [S, n] per flush, _HOST_STATS order
+
+    def flush() -> None:
+        if pending:
+            z_b = torch.cat([e[0] for e in pending])  # [n, V]
+            greedy_p = config.greedy  # greedy mode logs softmax(z) at temperature 1
+            p_b = transform_logits(z_b, 0.0) if greedy_p else torch.cat([e[1] for e in pending])
+            y_b = torch.cat([e[2] for e in pending])
+            stats.append(_host_token_stats(p_b, None, z_b, y_b, rules.DEFAULT_THETA)[0])
+            pending.clear()
+
     for i in range(n_new):
         t0 = timer.now()
         if z_next is not None:
             z, z_next = z_next.float(), None
         else:
             z = _forward(pair.target, feed, cache, keep=1)[:, -1, :v].float()  # [1, V]
+        p = None
         if config.greedy:
             y = z.argmax(-1)  # [1]
         else:
             p = transform_logits(z, config.temperature, config.top_k, config.top_p)
             y = rng.sample_icdf(p, u_dev[i : i + 1])  # [1]
+        tok = int(y.item())
         if log:
-            if config.greedy:
-                p = transform_logits(z, 0.0)
-            st = rules.token_stats(p, None, z, y, rules.DEFAULT_THETA)
-            host = torch.cat([y.double()] + [st[c] for c in _STAT_KEYS]).cpu().numpy()
-            tok = int(host[0])
-            row = {name: host[1 + j : 2 + j] for j, name in enumerate(_STAT_KEYS)}
-            row["q"] = row["entropy_q"] = row["tv_pq"] = np.array([math.nan])
-            row.update(
-                passed_ratio=np.array([math.nan]),
-                accepted=np.array([math.nan]),
-                cause=np.array([float(rules.Cause.BONUS)]),
-                kind=["bonus"],
-                token=np.array([tok]),
-                pos=np.array([0]),
-                u=np.array([u_all[i]]),
-                es=np.full((1, n_grid), np.nan),
-                round=np.array([i]),
-                abs_pos=np.array([i]),
-            )
-            pos_rows.append(row)
-        else:
-            tok = int(y.item())
+            pending.append((z, p, y))
+            if len(pending) >= n_flush:
+                flush()
         t1 = timer.now()
         round_rows.append((i, i, 0, 0, 1, 0.0, t1 - t0, None))
         output.append(tok)
@@ -948,7 +970,26 @@ def _decode_target_only(
             stop = "eos"
             break
         feed = y.view(1, 1)
-    return output, stop, len(output), _concat_positions(pos_rows, n_grid), _rounds(round_rows)
+    positions: dict[str, Any] = {}
+    if log:
+        flush()
+        n = len(output)
+        st = np.concatenate(stats, 1)  # [S, n]; q, entropy_q, tv_pq are NaN (no draft)
+        cols: dict[str, Any] = {name: st[j] for j, name in enumerate(_HOST_STATS)}
+        cols.update(
+            passed_ratio=np.full(n, math.nan),
+            accepted=np.full(n, math.nan),
+            cause=np.full(n, float(rules.Cause.BONUS)),
+            kind=["bonus"] * n,
+            token=np.array(output, dtype=np.int64),
+            pos=np.zeros(n, dtype=np.int64),
+            u=u_all[:n],
+            es=np.full((n, n_grid), math.nan),
+            round=np.arange(n),
+            abs_pos=np.arange(n),
+        )
+        positions = _concat_positions([cols], n_grid)
+    return output, stop, len(output), positions, _rounds(round_rows)
 
 
 # ----------------------------------------------------------------------------- collect

@@ -424,6 +424,23 @@ def test_batched_position_stats_equal_the_rule_full_diagnostics(
     assert outs[0].equals(outs[1])
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_target_only_rows_do_not_depend_on_batching(tiny_llama_pair, monkeypatch, temperature):
+    """Target-only logging is batched too: flushing every 3 tokens or once gives equal rows."""
+    pair = _pair(tiny_llama_pair)
+    cfg = _cfg(rule="target", temperature=temperature, max_new_tokens=20)
+    ids = pair.tokenizer("12+34=")["input_ids"]
+    frames = []
+    for floats in (decoder._FLUSH_FLOATS, 3 * 2 * pair.vocab_size):
+        monkeypatch.setattr(decoder, "_FLUSH_FLOATS", floats)
+        rows = decoder.decode_request(pair, ids, cfg, "r", timing=False)
+        frames.append(logs.to_frame("positions", rows.positions, "run", "r"))
+        _check_request_logs(rows, k=0, eos=pair.eos_ids, max_new=20)
+    assert frames[0].height == 20 and frames[0].equals(frames[1])
+    assert (frames[0]["kind"] == "bonus").all() and frames[0]["q"].null_count() == 20
+    assert (frames[0]["rank"] >= 1).all() and (frames[0]["p"] <= frames[0]["p_max"]).all()
+
+
 def test_logging_off_gives_same_output(tiny_llama_pair):
     pair = _pair(tiny_llama_pair)
     ids = pair.tokenizer("7*8=?")["input_ids"]
