@@ -114,6 +114,21 @@ def _save(tmp: Path, arch: str, tokenizer: Any) -> TinyPair:
     return TinyPair(arch, target, draft, tokenizer, tdir, ddir)
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module, restored after it (``pytestmark`` of the module).
+
+    Tiny models and tensors: per-op thread start-up dominates and 2 shared cores thrash;
+    one thread is ~10x faster here.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer() -> Any:
     """The shared character-level tokenizer."""

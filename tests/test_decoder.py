@@ -28,14 +28,7 @@ from relaxspec_audit.config import EMBEDDED_DIR, RunConfig
 PROMPTS = ["12+34=", "7*8=?", "abc", "z", "the sum of 5 and 9 is"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # Tiny models: per-op thread start-up dominates and 2 shared cores thrash; one thread is
-    # ~10x faster here. Restored after the module.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _pair(tiny) -> decoder.Pair:

@@ -11,14 +11,7 @@ from scipy import stats
 from relaxspec_audit import rules, theory
 from relaxspec_audit.rules import Block, Cause, asd_accept_length, make_params, simulate_position
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: intra-op threads only add contention on the shared 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ---------------------------------------------------------------- Monte Carlo vs theory
