@@ -862,19 +862,15 @@ class _RoundLog:
         cols["abs_pos"] = start[:, None] + pos
         out = {name: col[keep] for name, col in cols.items()}
         out["kind"] = kind[keep].tolist()
-        return _concat_positions([out], len(self.grid))
+        return _position_columns(out, len(self.grid))
 
 
-def _concat_positions(rows: list[dict[str, Any]], n_grid: int) -> dict[str, Any]:
-    """Columns of the positions table from per-round pieces (NaN → null where nullable)."""
+def _position_columns(cols: dict[str, Any], n_grid: int) -> dict[str, Any]:
+    """The positions table's column types from numeric arrays (NaN → null where nullable)."""
     from relaxspec_audit.rules import Cause
 
-    if not rows:
-        return {}
-    cat = {name: np.concatenate([np.asarray(r[name]) for r in rows]) for name in rows[0]}
-    cat["kind"] = [kind for r in rows for kind in r["kind"]]
     out: dict[str, Any] = {}
-    for name, values in cat.items():
+    for name, values in cols.items():
         if name == "kind":
             out[name] = values
         elif name == "cause":
@@ -988,7 +984,7 @@ def _decode_target_only(
             round=np.arange(n),
             abs_pos=np.arange(n),
         )
-        positions = _concat_positions([cols], n_grid)
+        positions = _position_columns(cols, n_grid)
     return output, stop, len(output), positions, _rounds(round_rows)
 
 
