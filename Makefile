@@ -34,8 +34,8 @@ bench: $(STAMP)
 # Rebuild the embedded pair: the base run, then the target's second seeded cycle
 # (data/models/arith/MODEL_CARD.md).
 models: $(STAMP)
-	$(BIN)/python -m relaxspec_audit.zoo --out data/models/arith --seed 0 --threads 1
-	$(BIN)/python -m relaxspec_audit.zoo --out data/models/arith --continue-role target --continue-steps 1000 --continue-lr 0.001
+	$(BIN)/python -m relaxspec_audit.models.zoo --out data/models/arith --seed 0 --threads 1
+	$(BIN)/python -m relaxspec_audit.models.zoo --out data/models/arith --continue-role target --continue-steps 1000 --continue-lr 0.001
 
 # The real Qwen2.5-Coder pair (docs/REAL_AUDIT.md): ~1.6 GB of downloads, ~10 GB cache,
 # ~9 GB RAM while dequantising. Not part of `make test`.

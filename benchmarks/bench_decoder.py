@@ -33,8 +33,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from relaxspec_audit import decoder
-from relaxspec_audit.config import EMBEDDED_DIR, RunConfig
+from relaxspec_audit import collect
+from relaxspec_audit.collect.config import EMBEDDED_DIR, RunConfig
 
 SHAPES = {
     # name: (vocab, hidden, layers, heads, kv_heads, intermediate)
@@ -84,19 +84,19 @@ def random_pair(name: str, device: torch.device, dtype: torch.dtype, seed: int =
         m.generation_config.eos_token_id = None
         m.generation_config.pad_token_id = 0
         m.eval()
-    return decoder.make_pair(target, draft, None)
+    return collect.make_pair(target, draft, None)
 
 
 def load(pair_name: str, device: torch.device, dtype: torch.dtype, paths=None):
     if paths:
         target, draft = paths
         dname = str(dtype).removeprefix("torch.")
-        return "embedded", decoder.load_pair(target, draft, str(device), dname)
+        return "embedded", collect.load_pair(target, draft, str(device), dname)
     if pair_name == "auto":
         built = (EMBEDDED_DIR / "target" / "config.json").exists()
         pair_name = "embedded" if built else "random-cpu"
     if pair_name == "embedded":
-        pair = decoder.load_pair(
+        pair = collect.load_pair(
             str(EMBEDDED_DIR / "target"),
             str(EMBEDDED_DIR / "draft"),
             str(device),
@@ -113,7 +113,7 @@ def prompts_for(pair_name: str, pair, n: int, seed: int = 0, task: str = "arith"
         from relaxspec_audit import tasks
 
         items = tasks.load_task(task, limit=n).items
-        return [decoder.encode_prompt(pair, it.prompt) for it in items]
+        return [collect.encode_prompt(pair, it.prompt) for it in items]
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(3, pair.vocab_size, (24,), generator=g).tolist() for _ in range(n)]
 
@@ -125,7 +125,7 @@ def roofline(pair, device: torch.device, k: int, context: int = 128) -> dict:
     bound needs no spec sheet. A decode step of a small batch is bandwidth-bound: its floor
     is ``param_bytes / bandwidth``.
     """
-    from relaxspec_audit.decoder import _crop, _forward, _new_cache
+    from relaxspec_audit.collect.kvcache import _crop, _forward, _new_cache
 
     n_bytes = 1 << (30 if device.type == "cuda" else 27)  # copy size for the bandwidth
     buf = torch.empty(n_bytes, dtype=torch.uint8, device=device)
@@ -201,11 +201,11 @@ def main() -> None:
         "--roofline", action="store_true", help="also time one target pass vs the bandwidth bound"
     )
     args = ap.parse_args()
-    device = decoder.resolve_device(args.device)
+    device = collect.resolve_device(args.device)
     threads = args.threads if args.threads is not None else (1 if device.type == "cpu" else 0)
     if threads:
         torch.set_num_threads(threads)
-    dtype = decoder.resolve_dtype(args.dtype, device)
+    dtype = collect.resolve_dtype(args.dtype, device)
     paths = (args.target, args.draft) if args.target and args.draft else None
     pair_name, pair = load(args.pair, device, dtype, paths)
     prompts = prompts_for(pair_name, pair, args.prompts, task=args.task)
@@ -226,7 +226,7 @@ def main() -> None:
 
     def ours(cfg):
         def run(ids, rid):
-            rows = decoder.decode_request(pair, ids, cfg, rid, timing=False)
+            rows = collect.decode_request(pair, ids, cfg, rid, timing=False)
             return rows.request["output_ids"], rows.request["target_passes"]
 
         return run

@@ -21,16 +21,17 @@ import pytest
 import yaml
 from _synthetic import make_run
 
-from relaxspec_audit import batch, logs, report
-from relaxspec_audit.config import RunConfig
+from relaxspec_audit import batch, report
+from relaxspec_audit.collect import logs
+from relaxspec_audit.collect.config import RunConfig
 
 # ---------------------------------------------------------------------- fixture helpers
 
 
 def write_fixture_run(config: RunConfig, runs_dir: Path, n_requests: int = 6) -> Path:
     """Write a small schema-v1 run folder for ``config`` with the real RunWriter."""
-    salt = zlib.crc32(json.dumps([config.rule, config.params, config.split]).encode())
-    theta = float(config.params.get("theta", 0.95))
+    salt = zlib.crc32(json.dumps([config.rule, config.to_dict()["params"], config.split]).encode())
+    theta = float(getattr(config.params, "theta", 0.95))
     frames = make_run(
         n_requests=n_requests,
         rounds=4,
@@ -80,9 +81,9 @@ def write_fixture_run(config: RunConfig, runs_dir: Path, n_requests: int = 6) ->
 
 
 def fake_collect(config_json: str, runs_dir: str, threads: int) -> tuple[str, str | None]:
-    """Stand-in for ``batch._collect_one`` that writes a fixture run instead of decoding."""
+    """Stand-in for ``batch.runner._collect_one`` that writes a fixture run instead of decoding."""
     config = RunConfig.from_json(config_json)
-    if config.params.get("budget") == 99.0:  # a shard that fails, for the error path
+    if getattr(config.params, "budget", None) == 99.0:  # a shard that fails, for the error path
         return str(config.run_dir(runs_dir)), "RuntimeError: fixture collect failure"
     return str(write_fixture_run(config, Path(runs_dir))), None
 
@@ -133,7 +134,7 @@ def test_small_config_expands_grid_and_splits(tmp_path):
     by_rule = {}
     for r in task.runs:
         by_rule.setdefault(r.rule, []).append(r)
-    assert sorted(r.params["theta"] for r in by_rule["nucleus"]) == [0.8, 0.8, 0.95, 0.95]
+    assert sorted(r.params.theta for r in by_rule["nucleus"]) == [0.8, 0.8, 0.95, 0.95]
     # Greedy-only rules default to temperature 0 (SPEC §2.2, §2.4); the others keep 1.0.
     assert {r.temperature for r in by_rule["asd"] + by_rule["greedy"]} == {0}
     assert {r.temperature for r in by_rule["nucleus"]} == {1.0}
@@ -150,7 +151,7 @@ def test_bundled_demo_config_parses():
 
 
 def test_bundled_demo_config_validates():
-    from relaxspec_audit.config import DEFAULT_DRAFT, DEFAULT_TARGET
+    from relaxspec_audit.collect.config import DEFAULT_DRAFT, DEFAULT_TARGET
 
     if not (Path(DEFAULT_TARGET).is_dir() and Path(DEFAULT_DRAFT).is_dir()):
         pytest.skip("embedded model pair not built (make models)")
@@ -244,7 +245,7 @@ def test_bad_config_names_the_field_and_line(tmp_path, mutate, expected):
 
 def test_bad_config_fails_before_any_work(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(batch, "_collect_one", lambda *a: calls.append(a))
+    monkeypatch.setattr(batch.runner, "_collect_one", lambda *a: calls.append(a))
     data = small_config(tmp_path)
     # The error is in the LAST task, so nothing of the first may have run.
     data["tasks"].append({"task": "story", "rules": [{"rule": "nucleus", "theta": 1.5}]})
@@ -288,7 +289,7 @@ def test_notebook_parameters_are_declared():
 
 
 def test_collect_runs_in_process_reports_each_shard(tmp_path, monkeypatch):
-    monkeypatch.setattr(batch, "_collect_one", fake_collect)
+    monkeypatch.setattr(batch.runner, "_collect_one", fake_collect)
     plan = batch.load_config(small_config(tmp_path))
     seen = []
     out = batch.collect_runs(
@@ -309,7 +310,7 @@ def test_failing_notebook_is_saved_and_batch_goes_on(tmp_path, monkeypatch):
 
     The batch finishes both, writes every summary and the index, and reports failure.
     """
-    monkeypatch.setattr(batch, "_collect_one", fake_collect)
+    monkeypatch.setattr(batch.runner, "_collect_one", fake_collect)
     data = small_config(tmp_path)
     data["tasks"].append(
         {
@@ -402,7 +403,7 @@ def test_cli_batch_exits_nonzero_after_finishing_and_prints_the_index(tmp_path, 
 
     from relaxspec_audit.cli import main
 
-    monkeypatch.setattr(batch, "_collect_one", fake_collect)
+    monkeypatch.setattr(batch.runner, "_collect_one", fake_collect)
     data = small_config(tmp_path, notebooks=["collect"])
     data["tasks"][0]["splits"] = ["discovery"]
     data["tasks"][0]["rules"] = ["exact", {"rule": "nucleus", "theta": 0.9}]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from relaxspec_audit.config import (
+from relaxspec_audit.collect.config import (
     DEFAULT_THETA_GRID,
     EMBEDDED_DIR,
     ConfigError,

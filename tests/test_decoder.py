@@ -1,4 +1,4 @@
-"""The logging speculative decoder (decoder.py) on tiny random Llama and Qwen2 pairs.
+"""The logging speculative decoder (collect.py) on tiny random Llama and Qwen2 pairs.
 
 Checks SPEC §1 (rounds, KV-cache rollback), §2.1 (exact is lossless), §2.2/§2.4 (greedy and
 ASD with B = 0 reproduce the target's greedy output), §4 (coupled randomness), and the log
@@ -22,8 +22,9 @@ import pytest
 import torch
 from scipy import stats
 
-from relaxspec_audit import decoder, logs, rules
-from relaxspec_audit.config import EMBEDDED_DIR, RunConfig
+from relaxspec_audit import collect, rules
+from relaxspec_audit.collect import engine, logs, roundlog
+from relaxspec_audit.collect.config import EMBEDDED_DIR, RunConfig
 
 PROMPTS = ["12+34=", "7*8=?", "abc", "z", "the sum of 5 and 9 is"]
 
@@ -31,8 +32,8 @@ PROMPTS = ["12+34=", "7*8=?", "abc", "z", "the sum of 5 and 9 is"]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _pair(tiny) -> decoder.Pair:
-    return decoder.make_pair(tiny.target, tiny.draft, tiny.tokenizer)
+def _pair(tiny) -> collect.Pair:
+    return collect.make_pair(tiny.target, tiny.draft, tiny.tokenizer)
 
 
 def _cfg(**kw) -> RunConfig:
@@ -62,7 +63,7 @@ def test_greedy_matches_generate(tiny_pair, rule, params):
     for i, prompt in enumerate(PROMPTS):
         ids = pair.tokenizer(prompt)["input_ids"]
         ref = _generate(tiny_pair.target, ids, cfg.max_new_tokens)
-        rows = decoder.decode_request(pair, ids, cfg, f"r{i}")
+        rows = collect.decode_request(pair, ids, cfg, f"r{i}")
         assert rows.request["output_ids"] == ref, (tiny_pair.arch, rule, prompt)
         accepted += rows.rounds["accepted"]
     if rule != "target":
@@ -78,7 +79,7 @@ def test_greedy_stops_at_eos_like_generate(tiny_llama_pair):
     eos = ref[5]
     pair = dataclasses.replace(pair, eos_ids=frozenset({eos}))
     for rule in ("greedy", "target"):
-        rows = decoder.decode_request(pair, ids, _cfg(rule=rule, temperature=0.0), "r")
+        rows = collect.decode_request(pair, ids, _cfg(rule=rule, temperature=0.0), "r")
         out = rows.request["output_ids"]
         assert out == ref[: ref.index(eos) + 1] and rows.request["stop"] == "eos"
         assert len(rows.positions["token"]) >= len(out)
@@ -90,7 +91,7 @@ def test_asd_budget_spends_and_ledger_logged(tiny_llama_pair):
     cfg = _cfg(rule="asd", params={"budget": 8.0, "gate": 10.0, "cap": 4}, temperature=0.0)
     spent_final = []
     for i, prompt in enumerate(PROMPTS):
-        rows = decoder.decode_request(pair, pair.tokenizer(prompt)["input_ids"], cfg, f"r{i}")
+        rows = collect.decode_request(pair, pair.tokenizer(prompt)["input_ids"], cfg, f"r{i}")
         spent = rows.rounds["spent"]
         assert all(s is not None for s in spent) and spent == sorted(spent)
         assert spent[-1] <= 8.0 + 1e-9
@@ -107,7 +108,7 @@ def test_asd_budget_spends_and_ledger_logged(tiny_llama_pair):
     reason=f"embedded pair not built ({EMBEDDED_DIR} missing; `make models`)",
 )
 def test_embedded_pair_greedy_matches_generate():
-    pair = decoder.load_pair(
+    pair = collect.load_pair(
         str(EMBEDDED_DIR / "target"), str(EMBEDDED_DIR / "draft"), "cpu", "float32"
     )
     from relaxspec_audit import tasks
@@ -116,9 +117,9 @@ def test_embedded_pair_greedy_matches_generate():
     for rule, params in (("greedy", {}), ("asd", {"budget": 0.0})):
         cfg = _cfg(rule=rule, params=params, temperature=0.0, max_new_tokens=32)
         for item in task.items:
-            ids = decoder.encode_prompt(pair, item.prompt)
+            ids = collect.encode_prompt(pair, item.prompt)
             ref = _generate(pair.target, ids, 32, eos_token_id=sorted(pair.eos_ids))
-            out = decoder.decode_request(pair, ids, cfg, item.id).request["output_ids"]
+            out = collect.decode_request(pair, ids, cfg, item.id).request["output_ids"]
             assert out == ref, (rule, item.id)
 
 
@@ -134,7 +135,7 @@ def test_stopping_drafts_at_eos_changes_no_output(monkeypatch):
     """
     from relaxspec_audit import tasks
 
-    pair = decoder.load_pair(
+    pair = collect.load_pair(
         str(EMBEDDED_DIR / "target"), str(EMBEDDED_DIR / "draft"), "cpu", "float32"
     )
     items = tasks.load_task("arith", limit=6).items
@@ -147,14 +148,14 @@ def test_stopping_drafts_at_eos_changes_no_output(monkeypatch):
     ]
     drafted = {}
     for mode in ("off", "step", "round"):
-        monkeypatch.setattr(decoder, "_STOP_DRAFT_AT_EOS", mode != "off")
-        monkeypatch.setattr(decoder, "_eos_check_per_step", lambda dev, m=mode: m == "step")
+        monkeypatch.setattr(engine, "_STOP_DRAFT_AT_EOS", mode != "off")
+        monkeypatch.setattr(engine, "_eos_check_per_step", lambda dev, m=mode: m == "step")
         frames = {}
         for rule, params, temp in cases:
             cfg = _cfg(rule=rule, params=params, temperature=temp, k=5, max_new_tokens=32)
             for item in items:
-                ids = decoder.encode_prompt(pair, item.prompt)
-                rows = decoder.decode_request(pair, ids, cfg, item.id, timing=False)
+                ids = collect.encode_prompt(pair, item.prompt)
+                rows = collect.decode_request(pair, ids, cfg, item.id, timing=False)
                 _check_request_logs(rows, k=5, eos=pair.eos_ids, max_new=32)
                 frames[rule, str(params), item.id] = (
                     rows.request["output_ids"],
@@ -216,7 +217,7 @@ def _broken_exact(block, params, state):
     res = rules.RULES["exact"].fn(block, params, state)
     rows = torch.arange(res.accepted.shape[0])
     p_row = block.p[rows, res.accepted]
-    from relaxspec_audit.rng import sample_icdf
+    from relaxspec_audit.verify.rng import sample_icdf
 
     res.token = sample_icdf(p_row, block.u_sample[rows, res.accepted])
     return res
@@ -225,7 +226,7 @@ def _broken_exact(block, params, state):
 def _first_tokens(pair, prompt, cfg, n_req, rule_fn=None) -> np.ndarray:
     out = np.empty((n_req, cfg.max_new_tokens), dtype=np.int64)
     for i in range(n_req):
-        rows = decoder.decode_request(pair, prompt, cfg, f"s{i}", timing=False, rule_fn=rule_fn)
+        rows = collect.decode_request(pair, prompt, cfg, f"s{i}", timing=False, rule_fn=rule_fn)
         out[i] = rows.request["output_ids"][: cfg.max_new_tokens]
     return out
 
@@ -260,8 +261,8 @@ def test_exact_and_nucleus_coupled(tiny_llama_pair):
     for i, prompt in enumerate(PROMPTS * 3):
         ids = pair.tokenizer(prompt)["input_ids"]
         rid = f"c{i}"
-        ex = decoder.decode_request(pair, ids, _cfg(rule="exact", max_new_tokens=12), rid)
-        nu = decoder.decode_request(
+        ex = collect.decode_request(pair, ids, _cfg(rule="exact", max_new_tokens=12), rid)
+        nu = collect.decode_request(
             pair, ids, _cfg(rule="nucleus", params={"theta": 0.5}, max_new_tokens=12), rid
         )
         extra = any(
@@ -279,9 +280,9 @@ def test_exact_and_nucleus_coupled(tiny_llama_pair):
 def test_same_seed_reproducible_other_seed_differs(tiny_llama_pair):
     pair = _pair(tiny_llama_pair)
     ids = pair.tokenizer("12+34=")["input_ids"]
-    a = decoder.decode_request(pair, ids, _cfg(rule="exact", seed=3), "r")
-    b = decoder.decode_request(pair, ids, _cfg(rule="exact", seed=3), "r")
-    c = decoder.decode_request(pair, ids, _cfg(rule="exact", seed=4), "r")
+    a = collect.decode_request(pair, ids, _cfg(rule="exact", seed=3), "r")
+    b = collect.decode_request(pair, ids, _cfg(rule="exact", seed=3), "r")
+    c = collect.decode_request(pair, ids, _cfg(rule="exact", seed=4), "r")
     assert a.request["output_ids"] == b.request["output_ids"]
     assert a.positions["u"].tolist() == b.positions["u"].tolist()
     assert a.request["output_ids"] != c.request["output_ids"]
@@ -339,7 +340,7 @@ def test_request_logs_consistent(tiny_qwen2_pair, rule, params, temperature):
     pair = _pair(tiny_qwen2_pair)
     cfg = _cfg(rule=rule, params=params, temperature=temperature, max_new_tokens=21, k=3)
     for i, prompt in enumerate(PROMPTS[:3]):
-        rows = decoder.decode_request(pair, pair.tokenizer(prompt)["input_ids"], cfg, f"r{i}")
+        rows = collect.decode_request(pair, pair.tokenizer(prompt)["input_ids"], cfg, f"r{i}")
         assert rows.request["n_tokens"] == 21 or rows.request["stop"] == "eos"
         _check_request_logs(rows, k=0 if rule == "target" else 3, eos=pair.eos_ids, max_new=21)
         df = logs.to_frame("positions", rows.positions, "run", rows.request_id)
@@ -356,7 +357,7 @@ def test_truncated_round_logs_only_emitted(tiny_llama_pair):
     pair = _pair(tiny_llama_pair)
     for n in (1, 2, 3, 7):
         cfg = _cfg(rule="greedy", temperature=0.0, k=4, max_new_tokens=n)
-        rows = decoder.decode_request(pair, pair.tokenizer("12+34=")["input_ids"], cfg, "r")
+        rows = collect.decode_request(pair, pair.tokenizer("12+34=")["input_ids"], cfg, "r")
         assert rows.request["n_tokens"] == n
         kinds = np.array(rows.positions["kind"])
         emitted = (kinds != "draft") | np.array([bool(a) for a in rows.positions["accepted"]])
@@ -381,10 +382,10 @@ def test_batched_position_stats_equal_the_rule_full_diagnostics(
     pair = _pair(tiny_qwen2_pair)
     cfg = _cfg(rule=rule, temperature=temperature, k=3, max_new_tokens=30)
     ids = pair.tokenizer("a long prompt: ")["input_ids"]
-    assert set(DIAG_KEYS) == set(decoder._STAT_KEYS) | set(decoder._RULE_KEYS)
+    assert set(DIAG_KEYS) == set(roundlog._STAT_KEYS) | set(roundlog._RULE_KEYS)
     outs = []
     for flush_rounds in (1, 64):
-        monkeypatch.setattr(decoder, "_FLUSH_MAX_ROUNDS", flush_rounds)
+        monkeypatch.setattr(roundlog, "_FLUSH_MAX_ROUNDS", flush_rounds)
         full: list = []
 
         def spy(block, params, state, full=full):
@@ -393,7 +394,7 @@ def test_batched_position_stats_equal_the_rule_full_diagnostics(
             full.append((block, RULES[rule].fn(rich, params, state)))
             return RULES[rule].fn(block, params, state)
 
-        rows = decoder.decode_request(pair, ids, cfg, "r", timing=False, rule_fn=spy)
+        rows = collect.decode_request(pair, ids, cfg, "r", timing=False, rule_fn=spy)
         df = logs.to_frame("positions", rows.positions, "run", "r")
         outs.append(df)
         for rnd, (block, res) in enumerate(full):
@@ -424,9 +425,9 @@ def test_target_only_rows_do_not_depend_on_batching(tiny_llama_pair, monkeypatch
     cfg = _cfg(rule="target", temperature=temperature, max_new_tokens=20)
     ids = pair.tokenizer("12+34=")["input_ids"]
     frames = []
-    for floats in (decoder._FLUSH_FLOATS, 3 * 2 * pair.vocab_size):
-        monkeypatch.setattr(decoder, "_FLUSH_FLOATS", floats)
-        rows = decoder.decode_request(pair, ids, cfg, "r", timing=False)
+    for floats in (roundlog._FLUSH_FLOATS, 3 * 2 * pair.vocab_size):
+        monkeypatch.setattr(roundlog, "_FLUSH_FLOATS", floats)
+        rows = collect.decode_request(pair, ids, cfg, "r", timing=False)
         frames.append(logs.to_frame("positions", rows.positions, "run", "r"))
         _check_request_logs(rows, k=0, eos=pair.eos_ids, max_new=20)
     assert frames[0].height == 20 and frames[0].equals(frames[1])
@@ -437,8 +438,8 @@ def test_target_only_rows_do_not_depend_on_batching(tiny_llama_pair, monkeypatch
 def test_logging_off_gives_same_output(tiny_llama_pair):
     pair = _pair(tiny_llama_pair)
     ids = pair.tokenizer("7*8=?")["input_ids"]
-    on = decoder.decode_request(pair, ids, _cfg(rule="nucleus"), "r")
-    off = decoder.decode_request(pair, ids, _cfg(rule="nucleus", log_positions=False), "r")
+    on = collect.decode_request(pair, ids, _cfg(rule="nucleus"), "r")
+    off = collect.decode_request(pair, ids, _cfg(rule="nucleus", log_positions=False), "r")
     assert on.request["output_ids"] == off.request["output_ids"]
     assert off.positions == {} and off.rounds["accepted"] == on.rounds["accepted"]
 
@@ -451,7 +452,7 @@ def test_kv_crop_matches_no_cache_recompute(tiny_pair):
     pair = _pair(tiny_pair)
     cfg = _cfg(rule="nucleus", params={"theta": 0.9}, k=4, max_new_tokens=30)
     ids = pair.tokenizer("the sum of 5 and 9 is")["input_ids"]
-    rows = decoder.decode_request(pair, ids, cfg, "kv")
+    rows = collect.decode_request(pair, ids, cfg, "kv")
     out = rows.request["output_ids"]
     assert len(set(rows.rounds["accepted"])) > 1  # crops of different lengths happened
     seq = torch.tensor([ids + out])
@@ -478,24 +479,24 @@ def test_mismatched_vocab_refused(tiny_tokenizer, tmp_path):
 
     target = build_model("llama", 1, 0, vocab_size=64)
     small = build_model("llama", 1, 1, vocab_size=40)
-    with pytest.raises(decoder.DecodeError, match=r"target has 64 logits, draft has 40"):
-        decoder.make_pair(target, small, tiny_tokenizer)
+    with pytest.raises(collect.DecodeError, match=r"target has 64 logits, draft has 40"):
+        collect.make_pair(target, small, tiny_tokenizer)
     # padded embeddings beyond the tokenizer (real Qwen pairs) are fine: V = min
     padded = build_model("llama", 1, 2, vocab_size=80)
-    assert decoder.make_pair(target, padded, tiny_tokenizer).vocab_size == 64
-    with pytest.raises(decoder.DecodeError, match="80"):
-        decoder.make_pair(target, padded, None)
+    assert collect.make_pair(target, padded, tiny_tokenizer).vocab_size == 64
+    with pytest.raises(collect.DecodeError, match="80"):
+        collect.make_pair(target, padded, None)
     for model, name in ((target, "t"), (small, "d")):
         model.save_pretrained(tmp_path / name)
         tiny_tokenizer.save_pretrained(tmp_path / name)
-    with pytest.raises(decoder.DecodeError, match="vocabulary mismatch"):
-        decoder.load_pair(str(tmp_path / "t"), str(tmp_path / "d"), "cpu", "float32")
-    with pytest.raises(decoder.DecodeError, match="no model at"):
-        decoder.load_pair(str(tmp_path / "nope"), str(tmp_path / "d"), "cpu", "float32")
+    with pytest.raises(collect.DecodeError, match="vocabulary mismatch"):
+        collect.load_pair(str(tmp_path / "t"), str(tmp_path / "d"), "cpu", "float32")
+    with pytest.raises(collect.DecodeError, match="no model at"):
+        collect.load_pair(str(tmp_path / "nope"), str(tmp_path / "d"), "cpu", "float32")
 
 
 def test_load_pair_from_disk(tiny_qwen2_pair):
-    pair = decoder.load_pair(
+    pair = collect.load_pair(
         str(tiny_qwen2_pair.target_dir), str(tiny_qwen2_pair.draft_dir), "auto", "auto"
     )
     assert pair.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
@@ -513,7 +514,7 @@ def test_cuda_greedy_matches_generate_and_logs(tiny_llama_pair):
     dev = torch.device("cuda")
     target = copy.deepcopy(tiny_llama_pair.target).to(dev)
     draft = copy.deepcopy(tiny_llama_pair.draft).to(dev)
-    pair = decoder.make_pair(target, draft, tiny_llama_pair.tokenizer)
+    pair = collect.make_pair(target, draft, tiny_llama_pair.tokenizer)
     assert pair.device.type == "cuda"
     cfg = _cfg(rule="greedy", temperature=0.0)
     for i, prompt in enumerate(PROMPTS):
@@ -522,24 +523,24 @@ def test_cuda_greedy_matches_generate_and_logs(tiny_llama_pair):
             ref = target.generate(
                 torch.tensor([ids], device=dev), max_new_tokens=24, do_sample=False, pad_token_id=0
             )[0, len(ids) :].tolist()
-        rows = decoder.decode_request(pair, ids, cfg, f"r{i}")
+        rows = collect.decode_request(pair, ids, cfg, f"r{i}")
         assert rows.request["output_ids"] == ref
         _check_request_logs(rows, k=cfg.k, eos=pair.eos_ids)
-    rows = decoder.decode_request(pair, ids, _cfg(rule="nucleus"), "s")
+    rows = collect.decode_request(pair, ids, _cfg(rule="nucleus"), "s")
     _check_request_logs(rows, k=cfg.k, eos=pair.eos_ids)
     assert all(t > 0 for t in rows.rounds["verify_s"])
 
 
 def test_transform_logits_topk_topp():
     z = torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0]])
-    p = decoder.transform_logits(z, 1.0, top_k=2)
+    p = collect.transform_logits(z, 1.0, top_k=2)
     assert (p[0, 2:] == 0).all() and torch.isclose(p.sum(), torch.tensor(1.0))
     full = torch.softmax(z, -1)[0]
-    p = decoder.transform_logits(z, 1.0, top_p=float(full[0] + 1e-3))
+    p = collect.transform_logits(z, 1.0, top_p=float(full[0] + 1e-3))
     assert (p[0, :2] > 0).all() and (p[0, 2:] == 0).all()
-    g = decoder.transform_logits(z, 0.0, top_k=1)  # greedy mode: temperature-1 softmax
+    g = collect.transform_logits(z, 0.0, top_k=1)  # greedy mode: temperature-1 softmax
     assert torch.allclose(g, torch.softmax(z, -1))
-    hot = decoder.transform_logits(z, 2.0)
+    hot = collect.transform_logits(z, 2.0)
     assert torch.allclose(hot, torch.softmax(z / 2, -1))
 
 
@@ -635,7 +636,7 @@ def test_collect_resume_after_sigkill(tiny_llama_pair, tmp_path):
         device="cpu",
     )
     assert cfg.run_dir(out) == run_dir  # the CLI built the same config
-    fresh = decoder.collect(cfg, tmp_path / "fresh", pair=_pair(tiny_llama_pair))
+    fresh = collect.collect(cfg, tmp_path / "fresh", pair=_pair(tiny_llama_pair))
     ref = logs.scan(fresh, "requests").collect().sort("request_id")
     got = req.sort("request_id")
     assert got["output_sha256"].to_list() == ref["output_sha256"].to_list()
@@ -659,7 +660,7 @@ def test_collect_in_process_and_summary(tiny_qwen2_pair, tmp_path):
         max_new_tokens=10,
     )
     events = []
-    run_dir = decoder.collect(cfg, tmp_path, pair=_pair(tiny_qwen2_pair), progress=events.append)
+    run_dir = collect.collect(cfg, tmp_path, pair=_pair(tiny_qwen2_pair), progress=events.append)
     assert events[0]["done"] == 0 and events[-1]["done"] == 4 and events[-1]["total"] == 4
     req = logs.scan(tmp_path, "requests").collect()
     assert req["split"].is_in(["discovery", "confirmation"]).all()
@@ -673,7 +674,7 @@ def test_collect_in_process_and_summary(tiny_qwen2_pair, tmp_path):
     line = summary_line(run_dir)
     assert line.startswith("requests 4  tokens ") and "mean tau" in line
     # a second collect of the same config resumes: nothing to do, nothing duplicated
-    decoder.collect(cfg, tmp_path, pair=_pair(tiny_qwen2_pair))
+    collect.collect(cfg, tmp_path, pair=_pair(tiny_qwen2_pair))
     assert logs.scan(tmp_path, "requests").collect().height == 4
 
 
@@ -688,5 +689,5 @@ def test_es_grid_topm_equals_full_es_grid(scale):
     p[0, 0] = 0.0  # ties: ten tokens of 0.05, fifty of 0.01
     p[0, 0, :10], p[0, 0, 10:60] = 0.05, 0.01
     full = rules.es_grid(p, q, grid).numpy()
-    fast = decoder.es_grid_topm(p, q, grid, m=32)
+    fast = roundlog.es_grid_topm(p, q, grid, m=32)
     np.testing.assert_array_equal(fast, full)

@@ -8,8 +8,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from relaxspec_audit import logs
-from relaxspec_audit.config import RunConfig
+from relaxspec_audit.collect import logs
+from relaxspec_audit.collect.config import RunConfig
 
 
 def _rows(request_id: str, n_pos: int = 3, grid: int = 7) -> logs.RequestRows:

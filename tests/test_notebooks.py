@@ -23,7 +23,8 @@ import polars as pl
 import pytest
 from test_batch import fake_collect, small_config
 
-from relaxspec_audit import batch, logs, report, stats
+from relaxspec_audit import batch, report, stats
+from relaxspec_audit.collect import logs
 
 NOTEBOOKS = sorted(batch.NOTEBOOK_DIR.glob("*.ipynb"))
 
@@ -111,7 +112,7 @@ def render_all(tmp_path_factory) -> tuple:
     if "result" not in _SHARED:
         tmp = tmp_path_factory.mktemp("nb")
         mp = pytest.MonkeyPatch()
-        mp.setattr(batch, "_collect_one", fake_collect)
+        mp.setattr(batch.runner, "_collect_one", fake_collect)
         try:
             config = small_config(tmp, notebooks=list(batch.NOTEBOOKS), parameters={"margin": 0.3})
             result = batch.run_batch(config, out=tmp / "reports", runs=tmp / "runs", progress=False)

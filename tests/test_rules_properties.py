@@ -6,8 +6,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from relaxspec_audit import rules
-from relaxspec_audit.rng import sample_icdf
 from relaxspec_audit.rules import Block, Cause, make_params
+from relaxspec_audit.verify.rng import sample_icdf
 
 ACCEPT_CAUSES = {c for c in Cause if c.name.startswith("ACCEPT_")}
 REJECT_CAUSES = {c for c in Cause if c.name.startswith("REJECT_")}

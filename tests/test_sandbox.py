@@ -9,7 +9,7 @@ import uuid
 import psutil
 import pytest
 
-from relaxspec_audit.sandbox import Limits, run_program
+from relaxspec_audit.tasks.sandbox import Limits, run_program
 
 
 def _run(src: str, timeout_s: float = 5.0, **kw):

@@ -438,10 +438,10 @@ def test_counterfactual_refuses_non_exact_runs():
 # --- the audit summary (issue 5 JSON keys) ---------------------------------------------
 
 
-def _frames(run: dict, rule: str = "exact", theta: float = 0.95) -> S.RunFrames:
+def _frames(run: dict, rule: str = "exact", **params) -> S.RunFrames:
     manifest = {
         "run_id": run["requests"]["run_id"][0],
-        "config": {"rule": rule, "params": {"theta": theta}, "theta_grid": list(THETA_GRID)},
+        "config": {"rule": rule, "params": params, "theta_grid": list(THETA_GRID)},
     }
     return S.RunFrames(run["positions"], run["rounds"], run["requests"], [manifest])
 
@@ -450,11 +450,15 @@ def test_audit_summary_keys_and_json():
     run = make_run(30, 6, 4, rule="exact", seed=1, run_id="nsd")
     ref = make_run(30, 6, 4, rule="exact", seed=2, run_id="ref")
     out = S.audit_summary(_frames(run), reference=_frames(ref), baseline=_frames(ref), margin=0.1)
-    assert out["schema_version"] == S.SCHEMA_VERSION
+    assert out["schema_version"] == S.AUDIT_SCHEMA_VERSION
     for key in ("rejected_in_nucleus", "topk_share", "entropy", "tau_mean", "acceptance_rate",
                 "accuracy_delta", "hash_divergence", "counterfactual_nsd_first_order",
-                "deviation", "speedup_vs_reference", "speedup_vs_baseline"):  # fmt: skip
+                "speedup_vs_reference", "speedup_vs_baseline"):  # fmt: skip
         assert key in out, key
+    # Deviation accounting is NSD's bound: only a nucleus run gets it (THEORY §2.3).
+    assert "deviation" not in out
+    nsd = S.audit_summary(_frames(run, "nucleus", theta=0.9), reference=_frames(ref))
+    assert nsd["deviation"]["theta"] == 0.9
     assert [r["theta"] for r in out["rejected_in_nucleus"]] == list(THETA_GRID)
     assert set(out["rejected_in_nucleus"][0]) == {"theta", "fraction", "ci_low", "ci_high",
                                                   "n_rejected"}  # fmt: skip
@@ -470,11 +474,25 @@ def test_audit_summary_keys_and_json():
         S.audit_summary(_frames(run), theta_grid=(1.5,))
 
 
+@pytest.mark.parametrize(
+    "rule, params",
+    [("margin", {"logit_ratio": 0.95}), ("margin", {}), ("asd", {"budget": 2.0}), ("greedy", {})],
+)
+def test_no_nsd_deviation_for_rules_whose_theta_is_not_a_nucleus_mass(rule, params):
+    """Issue 11 defect 3: margin's logit ratio is not a nucleus θ, and the (1 − ε)^T bound
+    (THEORY §2.3) is NSD's alone; neither margin nor ASD runs get a deviation block."""
+    run = make_run(12, 4, 4, rule="nucleus", seed=3, run_id="r")
+    ref = make_run(12, 4, 4, rule="exact", seed=4, run_id="ref")
+    out = S.audit_summary(_frames(run, rule, **params), reference=_frames(ref))
+    assert "deviation" not in out
+    assert "hash_divergence" in out  # the rest of the audit is still there
+
+
 # --- the `audit` command (issue 5) -----------------------------------------------------
 
 
 def _write_run(root, run: dict, run_id: str, rule: str = "exact") -> str:
-    from relaxspec_audit import logs
+    from relaxspec_audit.collect import logs
 
     d = root / f"task=synth/rule={rule}/run={run_id}"
     for table, df in run.items():
@@ -497,7 +515,7 @@ def test_audit_command_json_and_table(tmp_path):
     res = cli.invoke(main, ["audit", run, "--reference", ref, "--theta-grid", "0.5,0.9", "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
-    assert out["schema_version"] == S.SCHEMA_VERSION
+    assert out["schema_version"] == S.AUDIT_SCHEMA_VERSION
     assert [r["theta"] for r in out["rejected_in_nucleus"]] == [0.5, 0.9]
     assert {"accuracy_delta", "hash_divergence", "tau_mean", "acceptance_rate"} <= set(out)
     table = cli.invoke(main, ["audit", run, "--reference", ref])

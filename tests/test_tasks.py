@@ -266,7 +266,7 @@ def test_code_scorer_cuts_a_correct_body_that_runs_on(humaneval_0):
 
 
 def test_humaneval_qwen_chat_prefills_the_prompt_and_scores_the_plain_program(humaneval_0):
-    from relaxspec_audit import real
+    from relaxspec_audit.models import real
 
     task = load_task("humaneval-qwen-chat", split=humaneval_0.split, limit=1)
     assert task.name == "humaneval-qwen-chat" and task.scorer_name == "code"
@@ -294,7 +294,7 @@ def test_humaneval_qwen_chat_prefills_the_prompt_and_scores_the_plain_program(hu
 
 
 def _mtbench_cache(tmp_path, monkeypatch, rows=None):
-    from relaxspec_audit import real
+    from relaxspec_audit.models import real
 
     monkeypatch.setenv(real.CACHE_ENV, str(tmp_path / "cache"))
     path = real.mtbench_task_path()

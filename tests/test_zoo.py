@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from relaxspec_audit import tasks, zoo
+from relaxspec_audit import tasks
+from relaxspec_audit.models import zoo
 
 PAIR = Path(__file__).resolve().parent.parent / "data" / "models" / "arith"
 

@@ -161,7 +161,7 @@ def audit(
 ) -> None:
     """Audit statistics over one or more RUN_DIRS (run folders or their parents)."""
     from relaxspec_audit import stats
-    from relaxspec_audit.logs import LogError
+    from relaxspec_audit.collect.logs import LogError
 
     if margin < 0:
         raise click.BadParameter(f"must be >= 0, got {margin}", param_hint="--margin")

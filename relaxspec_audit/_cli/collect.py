@@ -2,126 +2,139 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import click
 
-from relaxspec_audit.config import (
+from relaxspec_audit.collect.config import (
     DEFAULT_DRAFT,
     DEFAULT_TARGET,
+    DTYPES,
     TARGET_ONLY,
     ConfigError,
     RunConfig,
 )
+from relaxspec_audit.verify import registry
 
-# CLI option -> rule parameter name, per rule (only the options a rule takes are passed on).
-_RULE_OPTIONS: dict[str, dict[str, str]] = {
-    "nucleus": {"theta": "theta"},
-    "margin": {"theta": "theta"},
-    "asd": {"budget": "budget", "gate": "gate", "cap": "cap"},
-    "typical": {"epsilon": "epsilon", "delta": "delta"},
-    "fuzzy": {"divergence": "divergence", "threshold": "threshold"},
-    "topk": {"top_k_accept": "top_k", "ratio": "ratio"},
-}
+_D = RunConfig()  # the defaults of every run option
 
 
-_ALL_RULE_OPTIONS = tuple(dict.fromkeys(o for opts in _RULE_OPTIONS.values() for o in opts))
+def rule_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Add one option per rule parameter in the registry (``--theta``, ``--budget``, …).
+
+    Built from :data:`relaxspec_audit.verify.registry.RULES` when the command is built, so
+    a rule added to the registry gets its options with nothing else to edit.
+    """
+    for opt in reversed(list(registry.cli_options().values())):
+        kind = click.Choice(list(opt.choices)) if opt.choices else opt.type
+        command = click.option("--" + opt.flag.replace("_", "-"), opt.flag, type=kind,
+                               help=opt.help)(command)  # fmt: skip
+    return command
 
 
-def _rule_params(rule: str, options: dict[str, Any]) -> dict[str, Any]:
-    given = {name for name, value in options.items() if value is not None}
-    allowed = _RULE_OPTIONS.get(rule, {})
-    stray = sorted(given - set(allowed))
-    if stray:
-        flags = ", ".join("--" + s.replace("_", "-") for s in stray)
-        raise click.UsageError(f"{flags}: not a parameter of rule {rule!r}")
-    return {allowed[name]: options[name] for name in given}
+def build_command() -> click.Command:
+    """The ``collect`` command, with rule options from the registry as it is now.
+
+    Defaults come from :class:`RunConfig` (one source of defaults).
+    """
+
+    @click.command("collect")
+    @click.option("--task", default=_D.task, show_default=True, help="Task name or JSONL path.")
+    @click.option(
+        "--target", default=DEFAULT_TARGET, help="Target model path or id (default: embedded pair)."
+    )
+    @click.option(
+        "--draft", default=DEFAULT_DRAFT, help="Draft model path or id (default: embedded pair)."
+    )
+    @click.option(
+        "--rule",
+        default=_D.rule,
+        show_default=True,
+        help=f"Verification rule, or '{TARGET_ONLY}' for target-only decoding.",
+    )
+    @rule_options
+    @click.option(
+        "--k", "k", default=_D.k, show_default=True, type=int, help="Draft tokens per round."
+    )
+    @click.option(
+        "--temperature",
+        type=float,
+        help="Sampling temperature; 0 = greedy. [default: 0 for greedy-only rules, else 1]",
+    )
+    @click.option("--top-k", type=int, help="Sampling top-k applied to p and q.")
+    @click.option("--top-p", type=float, help="Sampling top-p applied to p and q.")
+    @click.option(
+        "--seed",
+        default=_D.seed,
+        show_default=True,
+        type=int,
+        help="Seed of the coupled random stream.",
+    )
+    @click.option("--limit", type=int, help="Decode at most N items.")
+    @click.option(
+        "--split", type=click.Choice(["discovery", "confirmation"]), help="Only this split."
+    )
+    @click.option("--max-new-tokens", default=_D.max_new_tokens, show_default=True, type=int)
+    @click.option("--device", default=_D.device, show_default=True, help="auto, cpu, cuda, cuda:N.")
+    @click.option(
+        "--dtype",
+        default=_D.dtype,
+        show_default=True,
+        type=click.Choice(list(DTYPES)),
+    )
+    @click.option(
+        "--log-positions/--no-log-positions",
+        default=_D.log_positions,
+        show_default=True,
+        help="Write the per-position table.",
+    )
+    @click.option(
+        "--resume/--no-resume",
+        default=True,
+        show_default=True,
+        help="Skip requests already in the run folder.",
+    )
+    @click.option(
+        "--chunk-size",
+        default=16,
+        show_default=True,
+        type=int,
+        help="Requests per committed Parquet part.",
+    )
+    @click.option(
+        "--out",
+        default="runs",
+        show_default=True,
+        type=click.Path(file_okay=False),
+        help="Parent folder of run folders.",
+    )
+    @click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
+    @click.option(
+        "--threads",
+        type=int,
+        help="torch CPU threads (small models on shared cores often run faster with 1).",
+    )
+    def collect(**opts: Any) -> None:
+        """Decode a task under a verification rule and write per-position logs (Parquet)."""
+        _collect(opts)
+
+    return collect
 
 
-@click.command("collect")
-@click.option("--task", default="arith", show_default=True, help="Task name or JSONL path.")
-@click.option(
-    "--target", default=DEFAULT_TARGET, help="Target model path or id (default: embedded pair)."
-)
-@click.option(
-    "--draft", default=DEFAULT_DRAFT, help="Draft model path or id (default: embedded pair)."
-)
-@click.option(
-    "--rule",
-    default="exact",
-    show_default=True,
-    help=f"Verification rule, or '{TARGET_ONLY}' for target-only decoding.",
-)
-@click.option("--theta", type=float, help="nucleus: nucleus mass θ; margin: undecided ratio.")
-@click.option("--budget", type=float, help="asd: request regret budget B.")
-@click.option("--gate", type=float, help="asd: local gate g.")
-@click.option("--cap", type=int, help="asd: per-block cap M.")
-@click.option("--epsilon", type=float, help="typical: ε.")
-@click.option("--delta", type=float, help="typical: δ.")
-@click.option("--divergence", type=click.Choice(["kl", "js", "tv"]), help="fuzzy: divergence.")
-@click.option("--threshold", type=float, help="fuzzy: divergence threshold T.")
-@click.option("--top-k-accept", type=int, help="topk: accept drafts within the target's top k.")
-@click.option("--ratio", type=float, help="topk: minimum p(x) / max p.")
-@click.option("--k", "k", default=5, show_default=True, type=int, help="Draft tokens per round.")
-@click.option(
-    "--temperature",
-    type=float,
-    help="Sampling temperature; 0 = greedy. [default: 0 for greedy-only rules, else 1]",
-)
-@click.option("--top-k", type=int, help="Sampling top-k applied to p and q.")
-@click.option("--top-p", type=float, help="Sampling top-p applied to p and q.")
-@click.option(
-    "--seed", default=0, show_default=True, type=int, help="Seed of the coupled random stream."
-)
-@click.option("--limit", type=int, help="Decode at most N items.")
-@click.option("--split", type=click.Choice(["discovery", "confirmation"]), help="Only this split.")
-@click.option("--max-new-tokens", default=64, show_default=True, type=int)
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N.")
-@click.option(
-    "--dtype",
-    default="auto",
-    show_default=True,
-    type=click.Choice(["auto", "float32", "float16", "bfloat16"]),
-)
-@click.option(
-    "--log-positions/--no-log-positions",
-    default=True,
-    show_default=True,
-    help="Write the per-position table.",
-)
-@click.option(
-    "--resume/--no-resume",
-    default=True,
-    show_default=True,
-    help="Skip requests already in the run folder.",
-)
-@click.option(
-    "--chunk-size",
-    default=16,
-    show_default=True,
-    type=int,
-    help="Requests per committed Parquet part.",
-)
-@click.option(
-    "--out",
-    default="runs",
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="Parent folder of run folders.",
-)
-@click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
-@click.option(
-    "--threads",
-    type=int,
-    help="torch CPU threads (small models on shared cores often run faster with 1).",
-)
-def collect(**opts: Any) -> None:
-    """Decode a task under a verification rule and write per-position logs (Parquet)."""
-    rule_opts = {name: opts.pop(name) for name in _ALL_RULE_OPTIONS}
+collect = build_command()
+
+
+def _collect(opts: dict[str, Any]) -> None:
+    rule_opts = {name: opts.pop(name) for name in registry.cli_options()}
     rule = opts["rule"]
     temperature = opts["temperature"]
     if temperature is None:
-        temperature = 0.0 if rule in ("greedy", "asd") else 1.0
+        temperature = registry.default_temperature(rule)
+    try:
+        params = registry.params_from_options(rule, rule_opts)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
     try:
         config = RunConfig(
             task=opts["task"],
@@ -130,7 +143,7 @@ def collect(**opts: Any) -> None:
             target=opts["target"],
             draft=opts["draft"],
             rule=rule,
-            params=_rule_params(rule, rule_opts),
+            params=params,
             k=opts["k"],
             temperature=temperature,
             top_k=opts["top_k"],
@@ -144,7 +157,8 @@ def collect(**opts: Any) -> None:
     except ConfigError as exc:
         raise click.BadParameter(exc.message, param_hint=f"'{exc.field}'") from exc
 
-    from relaxspec_audit import decoder  # heavy: torch, transformers
+    from relaxspec_audit.collect.pair import DecodeError  # heavy: torch, transformers
+    from relaxspec_audit.collect.run import collect as collect_run
 
     if opts["threads"] is not None:
         if opts["threads"] < 1:
@@ -155,14 +169,14 @@ def collect(**opts: Any) -> None:
 
     bar = _Progress(enabled=opts["progress"])
     try:
-        run_dir = decoder.collect(
+        run_dir = collect_run(
             config,
             opts["out"],
             resume=opts["resume"],
             progress=bar.update,
             chunk_size=opts["chunk_size"],
         )
-    except (decoder.DecodeError, ValueError) as exc:
+    except (DecodeError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     finally:
         bar.close()
@@ -200,7 +214,7 @@ def summary_line(run_dir: Any) -> str:
     """One line over the whole run: requests, tokens, mean τ, acceptance rate, tokens/s."""
     import polars as pl
 
-    from relaxspec_audit import logs
+    from relaxspec_audit.collect import logs
 
     req = (
         logs.scan(run_dir, "requests")

@@ -39,7 +39,7 @@ def fetch_real(
     and caches it with its tokenizer; also caches the MT-Bench questions. Re-running
     resumes; a failed check leaves no half-written cache. Needs ~10 GB of disk.
     """
-    from relaxspec_audit import real
+    from relaxspec_audit.models import real
 
     if check:
         reason = real.missing_reason(cache_dir)

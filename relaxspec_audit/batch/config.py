@@ -1,12 +1,8 @@
-"""Batch audits: one YAML config → collected runs → executed notebooks → ``reports/``.
+"""Batch config: the YAML schema, its validation (every field, before any work) and the plan.
 
-The recipe follows papermill's ``execute_notebook`` (STYLE "papermill"): load the config →
-validate *all* of it (tasks, rules, rule parameters, model paths, notebook parameters)
-before any work → collect the runs that are missing (independent shards, in parallel up
-to ``jobs``; ``decoder.collect`` resumes a run folder) → execute each task's notebooks
-with papermill (a failing notebook is saved with its error and the batch goes on) →
-export HTML with code hidden, write ``summary.json`` per task and ``index.html`` over all
-tasks (``report.py``).
+A config is read with line numbers, validated as a whole (tasks, rules, rule parameters,
+every RunConfig field, model paths, notebook parameters) and expanded into one
+:class:`TaskPlan` per task: its runs (rule grids × splits) and its notebook parameters.
 
 Config schema (version 1), see ``relaxspec_audit/configs/demo.yaml`` for an example::
 
@@ -31,33 +27,26 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
-import os
 import re
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from relaxspec_audit.config import REPO_ROOT, TARGET_ONLY, ConfigError, RunConfig, task_slug
+from relaxspec_audit.batch.notebooks import NOTEBOOKS, notebook_parameters
+from relaxspec_audit.collect.config import REPO_ROOT, TARGET_ONLY, ConfigError, RunConfig, task_slug
+from relaxspec_audit.verify.registry import RULES
 
 #: Version of the batch config schema (the ``schema`` key; 1 when absent).
 BATCH_SCHEMA_VERSION = 1
-#: Where the notebooks live (they are not package data: the batch runs from a checkout).
-NOTEBOOK_DIR = REPO_ROOT / "notebooks"
-#: Every notebook the batch can render, in report order.
-NOTEBOOKS = ("collect", "rejection_anatomy", "fidelity", "choose_setting", "signoff")
 #: Rendered per task when the config does not say.
 DEFAULT_NOTEBOOKS = ("rejection_anatomy", "fidelity", "choose_setting", "signoff")
 #: Notebook parameters the batch sets itself; a config may not set them.
 BATCH_PARAMETERS = ("runs_dir", "task", "numbers_path")
 #: Bundled configs (package data).
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
-#: The Jupyter kernel papermill starts: ipykernel's native spec runs ``sys.executable``.
-KERNEL_NAME = "python3"
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 _TOP_KEYS = ("schema", "batch", "defaults", "notebooks", "parameters", "tasks")
 _TASK_KEYS = ("task", "splits", "rules", "parameters")
@@ -416,9 +405,10 @@ class _Validator:
             params = {k: x for k, _, x in combo}
             self.rule_params(rule, params, combo, path, entry)
             for s, split in enumerate(splits):
-                config = RunConfig(task=task, split=split, rule=rule, params=params, **fields)
                 try:
-                    config.validate()
+                    config = RunConfig(
+                        task=task, split=split, rule=rule, params=params, **fields
+                    ).validate()
                 except ConfigError as exc:
                     if exc.field == "split":
                         self.fail(
@@ -435,10 +425,12 @@ class _Validator:
     def rule_params(self, rule: str, params: dict, combo: tuple, path: str, entry: Mapping) -> None:
         if rule == TARGET_ONLY:
             return
-        from relaxspec_audit import rules  # lazy: rules imports torch
+        from relaxspec_audit.verify.registry import resolve_params
 
+        first = next(iter(combo), None)
+        where = f"{self.source or 'config'}:{_line(entry, first[0]) if first else '?'}"
         try:
-            rules.make_params(rule, **params)
+            resolve_params(rule, params, where=where)
         except (TypeError, ValueError) as exc:
             message = str(exc)
             for k, i, _ in combo:
@@ -524,25 +516,20 @@ def _known_tasks() -> set[str] | None:
 
 
 def _known_rules() -> list[str]:
-    from relaxspec_audit import rules
-
-    return sorted([*rules.RULES, TARGET_ONLY])
+    return sorted([*RULES, TARGET_ONLY])
 
 
 def _greedy_only_rules() -> set[str]:
-    from relaxspec_audit import rules
-
-    return {name for name, spec in rules.RULES.items() if spec.greedy_only}
+    return {name for name, spec in RULES.items() if spec.greedy_only}
 
 
 def _rule_param_names(rule: Any) -> tuple[str, ...] | None:
+    """Keys a rule entry may set: the rule's parameters and their deprecated spellings."""
     if rule == TARGET_ONLY:
         return ()
-    from relaxspec_audit import rules
-
-    if not isinstance(rule, str) or rule not in rules.RULES:
+    if not isinstance(rule, str) or rule not in RULES:
         return None
-    return tuple(f.name for f in dataclasses.fields(rules.RULES[rule].params_cls))
+    return tuple(name for p in RULES[rule].params for name in (p.name, *p.info.aliases))
 
 
 def plan_task(
@@ -573,377 +560,3 @@ def plan_task(
         "tasks": [{"task": task, "splits": list(splits), "rules": list(rules)}],
     }
     return load_config(data).tasks[0]
-
-
-def notebook_path(name: str) -> Path:
-    """Source path of a bundled notebook (``notebooks/<name>.ipynb``)."""
-    if name not in NOTEBOOKS:
-        raise ValueError(f"unknown notebook {name!r} (known: {', '.join(NOTEBOOKS)})")
-    return NOTEBOOK_DIR / f"{name}.ipynb"
-
-
-def notebook_parameters(name: str) -> dict[str, Any]:
-    """Parameters a notebook declares in its ``parameters`` cell, with their defaults.
-
-    Uses ``papermill.inspect_notebook`` (which parses the cell, no kernel), so unknown
-    parameters are rejected before anything runs.
-    """
-    import papermill as pm  # lazy: heavy
-
-    info = pm.inspect_notebook(str(notebook_path(name)))
-    return {k: v.get("default") for k, v in info.items()}
-
-
-# --------------------------------------------------------------------------- running
-
-
-@dataclass
-class NotebookResult:
-    """Outcome of one executed notebook.
-
-    Attributes:
-        name: notebook name.
-        ok: executed without a cell error.
-        ipynb: the executed (or failed) notebook.
-        html: its HTML export (code hidden), None if the export itself failed.
-        error: ``"<ename>: <evalue> (cell <n>)"`` when it failed.
-        seconds: wall-clock time of the execution.
-    """
-
-    name: str
-    ok: bool
-    ipynb: Path
-    html: Path | None
-    error: str | None = None
-    seconds: float = 0.0
-
-
-@dataclass
-class TaskResult:
-    """Outcome of one task: its run folders, notebooks, summary and any collection error."""
-
-    task: str
-    run_dirs: list[Path]
-    notebooks: list[NotebookResult]
-    summary_path: Path | None
-    errors: list[str]
-
-    @property
-    def ok(self) -> bool:
-        """Whether everything for this task succeeded."""
-        return not self.errors and all(nb.ok for nb in self.notebooks)
-
-
-@dataclass
-class BatchResult:
-    """Outcome of :func:`run_batch`; ``ok`` is False when any run or notebook failed."""
-
-    name: str
-    report_dir: Path
-    index: Path
-    tasks: list[TaskResult]
-
-    @property
-    def ok(self) -> bool:
-        """Whether every task succeeded."""
-        return all(t.ok for t in self.tasks)
-
-
-_PAIR_CACHE: dict[tuple, Any] = {}
-
-
-def _collect_one(config_json: str, runs_dir: str, threads: int) -> tuple[str, str | None]:
-    """Collect one run (in a worker process); return (run folder, error or None)."""
-    config = RunConfig.from_json(config_json)
-    try:
-        import torch
-
-        torch.set_num_threads(threads)  # share the cores between parallel shards
-        from transformers.utils import logging as hf_logging
-
-        from relaxspec_audit import decoder
-
-        hf_logging.disable_progress_bar()  # the batch has its own bar over all runs
-
-        draft = None if config.rule == TARGET_ONLY else config.draft
-        key = (config.target, draft, config.device, config.dtype)
-        if key not in _PAIR_CACHE:
-            # One pair in memory per process: consecutive runs of one model pair (the
-            # usual order of a config) load it once; a different pair replaces it.
-            _PAIR_CACHE.clear()
-            _PAIR_CACHE[key] = decoder.load_pair(config.target, draft, config.device, config.dtype)
-        path = decoder.collect(
-            config, Path(runs_dir), resume=True, progress=None, pair=_PAIR_CACHE[key]
-        )
-        return str(path), None
-    except Exception as exc:
-        return str(config.run_dir(runs_dir)), f"{type(exc).__name__}: {exc}"
-
-
-def collect_runs(
-    configs: Sequence[RunConfig],
-    runs_dir: str | Path,
-    *,
-    jobs: int = 1,
-    on_done: Callable[[RunConfig, Path, str | None], None] | None = None,
-) -> dict[str, tuple[Path, str | None]]:
-    """Collect every run that is missing or unfinished, up to ``jobs`` in parallel.
-
-    Runs are independent shards (DESIGN "Scale"), so they go to a
-    ``ProcessPoolExecutor`` (spawned workers: torch does not survive ``fork`` well);
-    ``jobs=1`` collects in this process. Finished runs are cheap: ``decoder.collect``
-    resumes a run folder and skips finished requests.
-
-    Args:
-        configs: validated run configs.
-        runs_dir: root of the run folders.
-        jobs: parallel worker processes.
-        on_done: called after each run with (config, run folder, error or None).
-
-    Returns:
-        ``{config.to_json(): (run folder, error or None)}``.
-    """
-    if jobs < 1:
-        raise ValueError(f"jobs: must be >= 1, got {jobs}")
-    runs_dir = Path(runs_dir)
-    threads = max(1, (os.cpu_count() or 1) // jobs)
-    out: dict[str, tuple[Path, str | None]] = {}
-
-    def done(config: RunConfig, path: str, error: str | None) -> None:
-        out[config.to_json()] = (Path(path), error)
-        if on_done is not None:
-            on_done(config, Path(path), error)
-
-    if jobs == 1 or len(configs) <= 1:
-        for config in configs:
-            done(config, *_collect_one(config.to_json(), str(runs_dir), threads))
-        return out
-    import concurrent.futures as cf
-    import multiprocessing as mp
-
-    with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-        futures = {
-            pool.submit(_collect_one, c.to_json(), str(runs_dir), threads): c for c in configs
-        }
-        for fut in cf.as_completed(futures):
-            config = futures[fut]
-            try:
-                path, error = fut.result()
-            except Exception as exc:
-                path, error = str(config.run_dir(runs_dir)), f"{type(exc).__name__}: {exc}"
-            done(config, path, error)
-    return out
-
-
-def check_kernel(kernel_name: str = KERNEL_NAME) -> str:
-    """Check that the Jupyter kernel runs this interpreter (where relaxspec_audit is).
-
-    jupyter_client starts a spec whose command is ``python`` with ``sys.executable``; a
-    spec pointing at another interpreter (e.g. a user-level ``python3`` kernel of the
-    system python) would run the notebooks without this package.
-
-    Returns:
-        The interpreter the kernel will run.
-
-    Raises:
-        RuntimeError: no such kernel, or it runs another interpreter (with the fix).
-    """
-    import sys
-
-    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
-
-    fix = f"install one for this interpreter: {sys.executable} -m ipykernel install --sys-prefix"
-    try:
-        spec = KernelSpecManager().get_kernel_spec(kernel_name)
-    except NoSuchKernel as exc:
-        raise RuntimeError(f"kernel_name: no Jupyter kernel {kernel_name!r}; {fix}") from exc
-    exe = spec.argv[0]
-    major, minor = sys.version_info[:2]
-    if exe in ("python", f"python{major}", f"python{major}.{minor}"):
-        return sys.executable
-    if exe == sys.executable or Path(exe).resolve() == Path(sys.executable).resolve():
-        return exe
-    raise RuntimeError(
-        f"kernel_name: Jupyter kernel {kernel_name!r} runs {exe}, not {sys.executable}; {fix}"
-    )
-
-
-def execute_notebook(
-    name: str,
-    out_dir: str | Path,
-    parameters: Mapping[str, Any],
-    *,
-    kernel_name: str = KERNEL_NAME,
-    cwd: str | Path | None = None,
-) -> NotebookResult:
-    """Execute one notebook with papermill and export it to HTML with code hidden.
-
-    Unknown parameters are rejected before the kernel starts. A cell error does not
-    raise: papermill has saved the failed notebook (with the error in it), which is
-    exported too, and the result says what failed.
-
-    Args:
-        name: notebook name (``NOTEBOOKS``).
-        out_dir: folder for ``<name>.ipynb`` and ``<name>.html``.
-        parameters: injected into the notebook (each must be declared by it).
-        kernel_name: Jupyter kernel (default: ipykernel's native ``python3``, i.e. the
-            interpreter running this function).
-        cwd: working directory of the kernel.
-
-    Returns:
-        The :class:`NotebookResult`.
-
-    Raises:
-        ValueError: a parameter the notebook does not declare.
-    """
-    import papermill as pm  # lazy: heavy
-
-    from relaxspec_audit import report
-
-    declared = notebook_parameters(name)
-    unknown = sorted(set(parameters) - set(declared))
-    if unknown:
-        raise ValueError(
-            f"notebook {name!r}: unknown parameter(s) {', '.join(unknown)} "
-            f"(declared: {', '.join(declared)})"
-        )
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    ipynb = out_dir / f"{name}.ipynb"
-    error = None
-    start = time.perf_counter()
-    try:
-        pm.execute_notebook(
-            str(notebook_path(name)),
-            str(ipynb),
-            parameters=dict(parameters),
-            kernel_name=kernel_name,
-            progress_bar=False,
-            cwd=str(cwd) if cwd else None,
-            # ipykernel 7 warns on every start that its TCP transport is unencrypted (the
-            # kernel is local and short-lived); cell errors still surface through papermill.
-            extra_arguments=["--IPKernelApp.log_level=ERROR"],
-        )
-    except pm.PapermillExecutionError as exc:
-        error = f"{exc.ename}: {exc.evalue} (cell {exc.exec_count})"
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
-    html: Path | None = out_dir / f"{name}.html"
-    try:
-        report.export_html(ipynb, html, title=f"{name.replace('_', ' ')} · {out_dir.name}")
-    except Exception as exc:
-        html = None
-        error = error or f"{type(exc).__name__}: {exc}"
-    seconds = time.perf_counter() - start
-    return NotebookResult(
-        name=name, ok=error is None, ipynb=ipynb, html=html, error=error, seconds=seconds
-    )
-
-
-def run_batch(
-    config: str | Path | Mapping[str, Any] | BatchConfig,
-    *,
-    out: str | Path = "reports",
-    runs: str | Path = "runs",
-    jobs: int = 1,
-    progress: bool = True,
-    kernel_name: str = KERNEL_NAME,
-) -> BatchResult:
-    """Run a batch audit end to end (see the module docstring for the recipe).
-
-    Args:
-        config: a YAML path, a parsed mapping, or a :class:`BatchConfig`.
-        out: reports root; this batch writes ``<out>/<batch>/``.
-        runs: run folders root (shared between batches: finished runs are reused).
-        jobs: parallel collection processes.
-        progress: show a ``tqdm.auto`` bar over the whole batch.
-        kernel_name: Jupyter kernel for the notebooks.
-
-    Returns:
-        The :class:`BatchResult`; ``ok`` is False if any run or notebook failed (the
-        batch still finishes every other task).
-
-    Raises:
-        BatchConfigError: the config is invalid (nothing has been run).
-        RuntimeError: the Jupyter kernel does not run this interpreter (nothing run).
-    """
-    from tqdm.auto import tqdm
-
-    from relaxspec_audit import report
-
-    plan = config if isinstance(config, BatchConfig) else load_config(config)
-    check_kernel(kernel_name)  # before any work: a wrong kernel would fail every notebook
-    runs_dir = Path(runs).resolve()
-    report_dir = Path(out).resolve() / plan.name
-    report_dir.mkdir(parents=True, exist_ok=True)
-    all_runs = plan.all_runs()
-    total = len(all_runs) + len(plan.tasks) * len(plan.notebooks)
-    bar = tqdm(total=total, desc=f"batch {plan.name}", unit="step", disable=not progress)
-
-    def on_done(config: RunConfig, path: Path, error: str | None) -> None:
-        bar.set_postfix_str(f"{config.task}/{config.rule}", refresh=False)
-        bar.update(1)
-
-    collected = collect_runs(all_runs, runs_dir, jobs=jobs, on_done=on_done)
-    results: list[TaskResult] = []
-    for task in plan.tasks:
-        task_dir = report_dir / task.slug
-        task_dir.mkdir(parents=True, exist_ok=True)
-        run_dirs = [collected[r.to_json()][0] for r in task.runs]
-        errors = [
-            f"collect {r.rule} {r.params or ''} split={r.split}: {collected[r.to_json()][1]}"
-            for r in task.runs
-            if collected[r.to_json()][1] is not None
-        ]
-        notebooks: list[NotebookResult] = []
-        for name in plan.notebooks:
-            bar.set_postfix_str(f"{task.slug}/{name}", refresh=False)
-            declared = notebook_parameters(name)
-            params = {k: v for k, v in task.parameters.items() if k in declared}
-            params |= _batch_parameters(declared, runs_dir, task, task_dir, name)
-            notebooks.append(
-                execute_notebook(name, task_dir, params, kernel_name=kernel_name, cwd=task_dir)
-            )
-            bar.update(1)
-        summary_path = task_dir / "summary.json"
-        entries = [_nb_entry(nb, task_dir) for nb in notebooks]
-        signoff = task_dir / "signoff.numbers.json"
-        if any(nb.name == "signoff" and nb.ok for nb in notebooks) and signoff.is_file():
-            # The sign-off notebook computed this very summary: reuse it, not recompute it.
-            summary = report.finish_summary(
-                json.loads(signoff.read_text()), batch=plan.name, errors=errors,
-                notebooks=entries, n_runs=len(run_dirs),
-            )  # fmt: skip
-        else:
-            summary = report.task_summary(
-                runs_dir, task.task, run_dirs=run_dirs, batch=plan.name, errors=errors,
-                notebooks=entries, parameters=task.parameters,
-            )  # fmt: skip
-        report.write_json(summary, summary_path)
-        results.append(TaskResult(task.task, run_dirs, notebooks, summary_path, errors))
-    bar.close()
-    index = report.write_index(
-        report_dir, [json.loads(r.summary_path.read_text()) for r in results]
-    )
-    return BatchResult(name=plan.name, report_dir=report_dir, index=index, tasks=results)
-
-
-def _batch_parameters(
-    declared: Mapping[str, Any], runs_dir: Path, task: TaskPlan, task_dir: Path, name: str
-) -> dict[str, Any]:
-    values = {
-        "runs_dir": str(runs_dir),
-        "task": task.task,
-        "numbers_path": str(task_dir / f"{name}.numbers.json"),
-    }
-    return {k: v for k, v in values.items() if k in declared}
-
-
-def _nb_entry(nb: NotebookResult, task_dir: Path) -> dict[str, Any]:
-    return {
-        "name": nb.name,
-        "ok": nb.ok,
-        "html": nb.html.relative_to(task_dir).as_posix() if nb.html else None,
-        "error": nb.error,
-        "seconds": round(nb.seconds, 2),
-    }

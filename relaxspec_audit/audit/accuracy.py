@@ -1,0 +1,246 @@
+"""Paired accuracy delta of a relaxed run vs its reference, with tests (SPEC §3).
+
+On per-item score differences (items paired by :mod:`relaxspec_audit.audit.pairing`):
+the paired t interval, McNemar's exact test (statsmodels), paired t and Wilcoxon tests,
+one-sided non-inferiority at a margin — Tango's score test and interval for paired
+binary outcomes (Tango 1998, Stat. Med. 17:891–908), else the paired t (Chow, Shao &
+Wang 2008; Wellek 2010) — equivalence TOST, and Holm/BH correction across tasks
+(statsmodels ``multipletests``). Formulas in docs/STATISTICS.md.
+
+Only numpy, polars, scipy and statsmodels are imported: no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+import polars as pl
+
+from relaxspec_audit.audit.frames import Frame
+from relaxspec_audit.audit.pairing import pair_requests
+
+# ----------------------------------------------------------------------------------------
+# Accuracy deltas (SPEC §3 "Accuracy delta")
+# ----------------------------------------------------------------------------------------
+
+
+def _is_binary(x: np.ndarray) -> bool:
+    return bool(np.all((x == 0) | (x == 1)))
+
+
+def noninferiority_ttest(d: np.ndarray, margin: float) -> float:
+    """One-sided paired non-inferiority p-value on per-item differences ``d``.
+
+    H0: ``E[d] ≤ −margin`` vs H1: ``E[d] > −margin`` (Chow, Shao & Wang 2008, *Sample
+    Size Calculations in Clinical Research*, §3.2; Wellek 2010, *Testing Statistical
+    Hypotheses of Equivalence and Noninferiority*, §5): ``t = (d̄ + margin)/(s/√n)``,
+    ``p = 1 − F_{t, n−1}(t)`` — scipy ``ttest_1samp(d, −margin, alternative="greater")``.
+    With zero variance the test is decided by the sign of ``d̄ + margin``.
+    """
+    from scipy import stats as sps
+
+    d = np.asarray(d, dtype=float)
+    if len(d) < 2:
+        return float("nan")
+    if np.ptp(d) == 0:
+        return 0.0 if d[0] > -margin else 1.0
+    return float(sps.ttest_1samp(d, -margin, alternative="greater").pvalue)
+
+
+def _tango_z(b: int, c: int, n: int, delta0: float) -> float:
+    """Tango's score statistic for ``H0: p10 − p01 = delta0`` on paired binary outcomes.
+
+    ``b`` = #(relaxed 1, reference 0), ``c`` = #(relaxed 0, reference 1), ``n`` pairs.
+    Tango (1998), Stat. Med. 17:891–908, eq. (3)::
+
+        Z = (b − c − n·Δ0) / √(n·(2·p̃01 + Δ0·(1 − Δ0)))
+
+    with ``p̃01 = (√(B² − 4AC) − B) / 2A`` the MLE of ``p01`` under H0, ``A = 2n``,
+    ``B = −b − c + (2n − b + c)·Δ0``, ``C = −c·Δ0·(1 − Δ0)``.
+    """
+    a_ = 2.0 * n
+    b_ = -b - c + (2.0 * n - b + c) * delta0
+    c_ = -c * delta0 * (1.0 - delta0)
+    p01 = (math.sqrt(max(b_ * b_ - 4.0 * a_ * c_, 0.0)) - b_) / (2.0 * a_)
+    var = n * (2.0 * p01 + delta0 * (1.0 - delta0))
+    num = b - c - n * delta0
+    if var <= 0.0:
+        return math.copysign(math.inf, num) if num != 0 else 0.0
+    return num / math.sqrt(var)
+
+
+def tango_noninferiority(b: int, c: int, n: int, margin: float) -> float:
+    """One-sided non-inferiority p-value for paired binary outcomes (Tango 1998).
+
+    H0 ``p10 − p01 ≤ −margin`` vs H1 ``> −margin``; ``p = 1 − Φ(Z(−margin))``
+    (:func:`_tango_z`). Unlike a t test on the ±1/0 differences it stays valid with
+    few or no discordant pairs: 30 concordant pairs at margin 0.05 give p ≈ 0.105, not 0.
+    """
+    from scipy.stats import norm
+
+    if n < 1:
+        return float("nan")
+    return float(norm.sf(_tango_z(b, c, n, -margin)))
+
+
+def tango_ci(b: int, c: int, n: int, alpha: float = 0.05) -> tuple[float, float]:
+    """Score interval for ``p10 − p01`` by inverting :func:`_tango_z` (Tango 1998, §3).
+
+    ``{Δ0 : |Z(Δ0)| < z_{1−α/2}}``; Z is decreasing in Δ0, so each end is one root.
+    """
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    z = float(norm.ppf(1 - alpha / 2))
+    est = (b - c) / n
+    lo_edge, hi_edge = -1.0 + 1e-12, 1.0 - 1e-12
+    f_lo = lambda d0: _tango_z(b, c, n, d0) - z  # noqa: E731
+    f_hi = lambda d0: _tango_z(b, c, n, d0) + z  # noqa: E731
+    low = lo_edge if f_lo(lo_edge) <= 0 else brentq(f_lo, lo_edge, min(est, hi_edge))
+    high = hi_edge if f_hi(hi_edge) >= 0 else brentq(f_hi, max(est, lo_edge), hi_edge)
+    return float(max(low, -1.0)), float(min(high, 1.0))
+
+
+def accuracy_delta(
+    requests: Frame,
+    reference: Frame,
+    *,
+    margin: float = 0.02,
+    by: Sequence[str] = ("task",),
+    alpha: float = 0.05,
+    correction: Literal["holm", "fdr_bh"] = "holm",
+) -> pl.DataFrame:
+    """Paired accuracy delta (relaxed − reference) per group, with tests (SPEC §3).
+
+    Requests are paired by item (:func:`pair_requests`); scores are averaged per item
+    over its samples so that items are the independent units — the cluster-robust mean
+    with items as clusters and equal item weights. On the ``n`` item differences
+    ``d_i``:
+
+    * ``delta = d̄``, ``CI = d̄ ± t_{1−α/2, n−1} s/√n`` (paired t; equals scipy
+      ``ttest_rel(...).confidence_interval()`` with one sample per item) — except for
+      binary scores with one sample per item, where the CI is Tango's score interval
+      (:func:`tango_ci`), which does not collapse to ``[0, 0]`` when no pair is
+      discordant;
+    * ``p_mcnemar``: McNemar exact test on the paired binary outcomes (statsmodels
+      ``mcnemar(exact=True)``; binary scores only; pairs sample by sample);
+    * ``p_ttest`` (paired t, ``ttest_1samp(d, 0)``) and ``p_wilcoxon`` (signed rank);
+    * ``p_noninf``: one-sided non-inferiority at ``margin``, H0 ``delta ≤ −margin``:
+      Tango's score test (:func:`tango_noninferiority`) for binary scores with one
+      sample per item, else the paired t (:func:`noninferiority_ttest`); with zero
+      variance of non-binary differences the t test is undefined and ``p_noninf`` is
+      NaN (never certified); ``noninferior`` when its corrected p < α;
+    * ``p_tost``: equivalence TOST on ``[−margin, margin]`` (statsmodels ``ttost_paired``;
+      for one binary sample per item, the larger of Tango's two one-sided score tests);
+    * ``p_noninf_adj``: ``p_noninf`` corrected across groups (``multipletests``,
+      ``holm`` or ``fdr_bh``).
+
+    Args:
+        requests: relaxed run(s)' ``requests`` (``item_id``, ``score``, ``by`` columns).
+        reference: reference run(s)' ``requests``.
+        margin: non-inferiority margin δ (score units; 0.02 = 2 points on a 0–1 score).
+        by: one row per group (``task`` by default).
+        alpha: 1 − confidence level and the tests' level.
+        correction: multiple-testing method across groups.
+
+    Returns:
+        Columns ``*by, n_items, n_pairs, binary, score_ref, score_rel, delta, se, ci_low,
+        ci_high, p_mcnemar, p_ttest, p_wilcoxon, p_noninf, p_noninf_adj, noninferior,
+        p_tost, equivalent, sd_diff``.
+    """
+    from scipy import stats as sps
+    from statsmodels.stats.contingency_tables import mcnemar
+    from statsmodels.stats.multitest import multipletests
+    from statsmodels.stats.weightstats import ttost_paired
+
+    if correction not in ("holm", "fdr_bh"):
+        raise ValueError(f"correction: must be 'holm' or 'fdr_bh', got {correction!r}")
+    if margin < 0:
+        raise ValueError(f"margin: must be >= 0, got {margin}")
+    by = list(by)
+    pairs = pair_requests(requests, reference, ["score"], by=by)
+    pairs = pairs.filter(pl.col("score_rel").is_not_null() & pl.col("score_ref").is_not_null())
+    if pairs.height == 0:
+        raise ValueError("requests vs reference: no paired items with a score (score is null)")
+    rows = []
+    groups = pairs.partition_by(by, as_dict=True, maintain_order=True) if by else {(): pairs}
+    for key, part in groups.items():
+        items = part.group_by("item_id", maintain_order=True).agg(
+            pl.col("score_rel").mean(), pl.col("score_ref").mean()
+        )
+        x_rel = items["score_rel"].to_numpy()  # [n_items]
+        x_ref = items["score_ref"].to_numpy()
+        d = x_rel - x_ref
+        n = len(d)
+        mean = float(d.mean())
+        sd = float(d.std(ddof=1)) if n > 1 else float("nan")
+        se = sd / math.sqrt(n) if n > 1 else float("nan")
+        tq = sps.t.ppf(1 - alpha / 2, max(n - 1, 1))
+        a, b = part["score_rel"].to_numpy(), part["score_ref"].to_numpy()
+        binary = _is_binary(a) and _is_binary(b)
+        p_mc = float("nan")
+        if binary:
+            table = [
+                [int(np.sum((b == 1) & (a == 1))), int(np.sum((b == 1) & (a == 0)))],
+                [int(np.sum((b == 0) & (a == 1))), int(np.sum((b == 0) & (a == 0)))],
+            ]
+            p_mc = float(mcnemar(table, exact=True).pvalue)
+        degenerate = n < 2 or np.ptp(d) == 0
+        p_t = float("nan") if degenerate else float(sps.ttest_1samp(d, 0.0).pvalue)
+        p_w = float("nan")
+        if not degenerate and np.any(d != 0):
+            # Normal approximation: the exact small-sample path is a slow permutation.
+            p_w = float(sps.wilcoxon(d, zero_method="wilcox", method="asymptotic").pvalue)
+        ci_low, ci_high = mean - tq * se, mean + tq * se
+        # Zero-variance differences leave the t tests undefined: NaN, never certified.
+        p_ni = float("nan") if degenerate else noninferiority_ttest(d, margin)
+        p_tost = (
+            float("nan") if degenerate else float(ttost_paired(x_rel, x_ref, -margin, margin)[0])
+        )
+        if binary and part.height == n:
+            # One paired binary outcome per item: Tango's score test and interval; TOST as
+            # the larger of the two one-sided score tests (H0 Δ ≤ −δ and H0 Δ ≥ +δ).
+            n10, n01 = int(np.sum(d > 0)), int(np.sum(d < 0))
+            p_ni = tango_noninferiority(n10, n01, n, margin)
+            ci_low, ci_high = tango_ci(n10, n01, n, alpha)
+            p_upper = float(sps.norm.cdf(_tango_z(n10, n01, n, margin)))
+            p_tost = max(p_ni, p_upper)
+        row = dict(zip(by, key, strict=True))
+        row.update(
+            n_items=n,
+            n_pairs=part.height,
+            binary=binary,
+            score_ref=float(x_ref.mean()),
+            score_rel=float(x_rel.mean()),
+            delta=mean,
+            se=se,
+            ci_low=ci_low,
+            ci_high=ci_high,
+            p_mcnemar=p_mc,
+            p_ttest=p_t,
+            p_wilcoxon=p_w,
+            p_noninf=p_ni,
+            p_tost=p_tost,
+            sd_diff=sd,
+        )
+        rows.append(row)
+    out = pl.DataFrame(rows)
+    p = out["p_noninf"].to_numpy()
+    ok = np.isfinite(p)
+    adj = np.full_like(p, np.nan)
+    if ok.sum() > 1:
+        adj[ok] = multipletests(p[ok], alpha=alpha, method=correction)[1]
+    else:  # one test: nothing to correct (and multipletests is slow per call)
+        adj[ok] = p[ok]
+    out = out.with_columns(
+        pl.Series("p_noninf_adj", adj),
+        pl.Series("noninferior", np.where(ok, adj < alpha, False)),
+        (pl.col("p_tost") < alpha).alias("equivalent"),
+    )
+    cols = [*by, "n_items", "n_pairs", "binary", "score_ref", "score_rel", "delta", "se"]
+    cols += ["ci_low", "ci_high", "p_mcnemar", "p_ttest", "p_wilcoxon", "p_noninf"]
+    cols += ["p_noninf_adj", "noninferior", "p_tost", "equivalent", "sd_diff"]
+    return out.select(cols)

@@ -1,0 +1,189 @@
+"""Clustered intervals for a ratio of sums ``r = Σ_g y_g / Σ_g n_g`` (SPEC §3).
+
+Observations are clustered by request, so every interval on positions is clustered:
+the frames are first reduced with polars ``group_by`` to per-cluster numerators and
+denominators, and the interval runs on that small frame. That keeps the full audit of
+10 million positions within seconds (benchmarks/bench_stats.py). Formulas in
+docs/STATISTICS.md:
+
+* the cluster-robust (CR1) variance — the OLS intercept with ``cov_type="cluster"``
+  (Cameron & Miller 2015, "A Practitioner's Guide to Cluster-Robust Inference",
+  §II–III; Miller 2024, "Adding Error Bars to Evals", App. A) — :func:`clustered_ratio`;
+* a cluster (pairs) bootstrap (Field & Welsh 2007; Cameron, Gelbach & Miller 2008) —
+  :func:`cluster_bootstrap_ratio`.
+
+Only numpy, polars and scipy are imported: no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+
+def clustered_ratio(
+    per_cluster: pl.DataFrame,
+    num: str,
+    den: str,
+    *,
+    by: Sequence[str] = (),
+    alpha: float = 0.05,
+) -> pl.DataFrame:
+    """Ratio of sums with a cluster-robust (CR1) t interval, from per-cluster sums.
+
+    Formula (Cameron & Miller 2015, §II.C; equals the OLS intercept of the
+    observation-level outcome with ``cov_type="cluster"`` in statsmodels)::
+
+        r      = Σ_g y_g / Σ_g n_g
+        Var(r) = G/(G−1) · Σ_g (y_g − r·n_g)² / (Σ_g n_g)²
+        CI     = r ± t_{1−α/2, G−1} · √Var(r)
+
+    where ``y_g`` and ``n_g`` are the numerator and denominator summed over cluster
+    ``g`` and ``G`` the number of clusters with ``n_g > 0``.
+
+    Args:
+        per_cluster: one row per (by…, cluster) with columns ``num`` and ``den``.
+        num: numerator column (e.g. rejected drafts inside the nucleus).
+        den: denominator column (e.g. rejected drafts).
+        by: grouping columns; one output row per group.
+        alpha: 1 − confidence level.
+
+    Returns:
+        Columns ``*by, estimate, se, ci_low, ci_high, n, n_clusters`` (``n`` = Σ n_g).
+    """
+    from scipy import stats as sps
+
+    by = list(by)
+    pc = per_cluster.filter(pl.col(den) > 0)
+    grp = [pl.lit(0).alias("_all")] if not by else [pl.col(c) for c in by]
+    keys = by or ["_all"]
+    pc = pc.with_columns(grp) if not by else pc
+    tot = pc.group_by(keys, maintain_order=True).agg(
+        pl.col(num).sum().alias("_y"),
+        pl.col(den).sum().alias("_n"),
+        pl.len().alias("n_clusters"),
+    )
+    tot = tot.with_columns((pl.col("_y") / pl.col("_n")).alias("estimate"))
+    res = (
+        pc.join(tot.select([*keys, "estimate", "_n"]), on=keys, how="left")
+        .with_columns(((pl.col(num) - pl.col("estimate") * pl.col(den)) ** 2).alias("_e2"))
+        .group_by(keys, maintain_order=True)
+        .agg(pl.col("_e2").sum().alias("_s"))
+    )
+    out = tot.join(res, on=keys, how="left")
+    g = out["n_clusters"].to_numpy().astype(float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        var = g / (g - 1) * out["_s"].to_numpy() / out["_n"].to_numpy() ** 2
+        se = np.sqrt(var)
+        tq = sps.t.ppf(1 - alpha / 2, np.maximum(g - 1, 1))
+    est = out["estimate"].to_numpy()
+    se = np.where(g > 1, se, np.nan)
+    out = out.with_columns(
+        pl.Series("se", se),
+        pl.Series("ci_low", est - tq * se),
+        pl.Series("ci_high", est + tq * se),
+        pl.col("_n").alias("n"),
+    )
+    return out.select([*by, "estimate", "se", "ci_low", "ci_high", "n", "n_clusters"])
+
+
+def cluster_bootstrap_ratio(
+    per_cluster: pl.DataFrame,
+    num: str,
+    den: str,
+    *,
+    by: Sequence[str] = (),
+    alpha: float = 0.05,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> pl.DataFrame:
+    """Ratio of sums with a cluster (pairs) bootstrap percentile interval.
+
+    Formula (Field & Welsh 2007, "Bootstrapping clustered data", JRSS-B 69(3); Cameron,
+    Gelbach & Miller 2008, §3.1 "pairs cluster bootstrap"): draw ``G`` clusters with
+    replacement (``w_bg`` = times cluster ``g`` is drawn in replicate ``b``) and recompute
+    ``r*_b = Σ_g w_bg y_g / Σ_g w_bg n_g``; the interval is the ``α/2`` and ``1 − α/2``
+    quantiles of ``r*``, the standard error their standard deviation. Vectorised as one
+    ``[n_boot, G]`` gather per group. statsmodels has no cluster bootstrap.
+
+    Args:
+        per_cluster: one row per (by…, cluster) with columns ``num`` and ``den``.
+        num: numerator column.
+        den: denominator column.
+        by: grouping columns; one output row per group.
+        alpha: 1 − confidence level.
+        n_boot: bootstrap replicates.
+        seed: numpy seed (results are reproducible).
+
+    Returns:
+        Columns ``*by, estimate, se, ci_low, ci_high, n, n_clusters``.
+    """
+    by = list(by)
+    rng = np.random.default_rng(seed)
+    pc = per_cluster.filter(pl.col(den) > 0)
+    groups = pc.partition_by(by, as_dict=True, maintain_order=True) if by else {(): pc}
+    rows = []
+    for key, part in groups.items():
+        y = part[num].to_numpy().astype(float)  # [G]
+        n = part[den].to_numpy().astype(float)  # [G]
+        g = len(y)
+        idx = rng.integers(0, g, size=(n_boot, g))  # [n_boot, G] clusters drawn
+        with np.errstate(divide="ignore", invalid="ignore"):
+            boot = y[idx].sum(axis=1) / n[idx].sum(axis=1)  # [n_boot]
+        boot = boot[np.isfinite(boot)]
+        lo, hi = np.quantile(boot, [alpha / 2, 1 - alpha / 2]) if len(boot) else (np.nan,) * 2
+        row = dict(zip(by, key, strict=True))
+        row.update(
+            estimate=y.sum() / n.sum(),
+            se=float(boot.std(ddof=1)) if len(boot) > 1 else np.nan,
+            ci_low=float(lo),
+            ci_high=float(hi),
+            n=float(n.sum()),
+            n_clusters=g,
+        )
+        rows.append(row)
+    schema = {c: pc.schema[c] for c in by}
+    schema.update(
+        estimate=pl.Float64,
+        se=pl.Float64,
+        ci_low=pl.Float64,
+        ci_high=pl.Float64,
+        n=pl.Float64,
+        n_clusters=pl.Int64,
+    )
+    return pl.DataFrame(rows, schema=schema)
+
+
+def _ratio(per_cluster, num, den, by, alpha, method, n_boot, seed) -> pl.DataFrame:
+    if method == "cluster":
+        return clustered_ratio(per_cluster, num, den, by=by, alpha=alpha)
+    if method == "bootstrap":
+        return cluster_bootstrap_ratio(
+            per_cluster, num, den, by=by, alpha=alpha, n_boot=n_boot, seed=seed
+        )
+    raise ValueError(f"method: must be 'cluster' or 'bootstrap', got {method!r}")
+
+
+def _long(
+    per_cluster: pl.DataFrame, keys: list[str], cols: dict[tuple[str, str], Any], name: str
+) -> pl.DataFrame:
+    """Stack per-cluster ``{(num, den): label}`` pairs into ``_num``/``_den`` rows.
+
+    One block of rows per pair, labelled in column ``name``, so one
+    :func:`clustered_ratio` call grouped by ``name`` computes every ratio at once.
+    """
+    parts = []
+    for col, label in cols.items():
+        num, den = col
+        parts.append(
+            per_cluster.select(
+                *keys,
+                pl.lit(label).alias(name),
+                pl.col(num).cast(pl.Float64).alias("_num"),
+                pl.col(den).cast(pl.Float64).alias("_den"),
+            )
+        )
+    return pl.concat(parts)

@@ -1,0 +1,231 @@
+"""The audit summary: every statistic of SPEC §3 for a run as one JSON-ready dict.
+
+The dict (keys in docs/STATISTICS.md, versioned by :data:`AUDIT_SCHEMA_VERSION`) is what
+the ``audit`` command prints, the notebooks show and the batch runner reads. Positions
+are read once (only the needed columns) and every statistic of
+:mod:`relaxspec_audit.audit` runs on that frame.
+
+Only numpy, polars, scipy and statsmodels are imported: no torch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import polars as pl
+
+from relaxspec_audit.audit.accuracy import accuracy_delta
+from relaxspec_audit.audit.anatomy import (
+    DEFAULT_THETA_GRID,
+    SUBSETS,
+    TOPK,
+    entropy_gaps,
+    rejection_anatomy,
+)
+from relaxspec_audit.audit.counterfactual import counterfactual_nsd
+from relaxspec_audit.audit.fidelity import (
+    deviation_accounting,
+    deviation_by_position,
+    es_index,
+    flatten_es,
+    hash_divergence,
+)
+from relaxspec_audit.audit.frames import (
+    Frame,
+    RunFrames,
+    _lazy,
+    _manifest_grid,
+    _records,
+    json_safe,
+    nsd_theta,
+)
+from relaxspec_audit.audit.speedup import acceptance_by_position, paired_speedup, speed
+
+#: Version of the JSON written by :func:`audit_summary` (docs/STATISTICS.md lists the keys).
+AUDIT_SCHEMA_VERSION = 1
+
+
+# Columns audit_summary reads from rounds / requests (prompt_ids, text, … are skipped:
+# with a writer's many small parts, every extra column costs a decode per file).
+_ROUND_COLS = ("run_id", "request_id", "k", "accepted", "emitted", "draft_s", "verify_s")
+_REQUEST_COLS = ("run_id", "request_id", "item_id", "task", "split", "output_ids",
+                 "output_sha256", "n_tokens", "target_passes", "wall_s", "score")  # fmt: skip
+
+
+def _needed(frame: Frame, name: str, cols: Sequence[str]) -> pl.DataFrame:
+    """Collect the columns of ``cols`` that exist (``request_id`` is required)."""
+    lf = _lazy(frame, name, ["request_id"])
+    have = set(lf.collect_schema().names())
+    return lf.select([c for c in cols if c in have]).collect().rechunk()
+
+
+def audit_summary(
+    runs: RunFrames | str | Path | Iterable[str | Path],
+    *,
+    reference: RunFrames | str | Path | Iterable[str | Path] | None = None,
+    baseline: RunFrames | str | Path | Iterable[str | Path] | None = None,
+    theta_grid: Sequence[float] | None = None,
+    margin: float = 0.02,
+    alpha: float = 0.05,
+    correction: Literal["holm", "fdr_bh"] = "holm",
+) -> dict[str, Any]:
+    """All audit statistics of SPEC §3 as a JSON-ready dict (keys: docs/STATISTICS.md).
+
+    Positions are read once (only the needed columns) and every statistic runs on that
+    frame. With a ``reference`` run (``exact`` for NSD, strict ``greedy`` for ASD) the
+    paired statistics are added: ``accuracy_delta``, ``hash_divergence``,
+    ``speedup_vs_reference`` and the identical-output rate in ``deviation``. With a
+    ``baseline`` (target-only) run, ``speedup_vs_baseline``.
+
+    Args:
+        runs: run folders / a parent folder, or :class:`RunFrames`.
+        reference: the reference run(s), same forms.
+        baseline: the target-only run(s), same forms.
+        theta_grid: θ grid for the rejection anatomy and counterfactual (default: the
+            runs' ``es`` grid from the manifest, else :data:`DEFAULT_THETA_GRID`).
+        margin: non-inferiority margin δ on the score scale.
+        alpha: 1 − confidence level.
+        correction: ``holm`` or ``fdr_bh`` across tasks.
+
+    Returns:
+        A dict with ``schema_version`` = :data:`AUDIT_SCHEMA_VERSION`; see docs/STATISTICS.md.
+    """
+
+    def frames(x):
+        return x if isinstance(x, RunFrames) or x is None else RunFrames.load(x)
+
+    runs, reference, baseline = frames(runs), frames(reference), frames(baseline)
+    es_grid = _manifest_grid(runs.manifests)
+    grid = tuple(theta_grid) if theta_grid else (es_grid or DEFAULT_THETA_GRID)
+    for t in grid:
+        if not 0 < t <= 1:
+            raise ValueError(f"theta_grid: values must be in (0, 1], got {t}")
+    cols = ["request_id", "kind", "round", "pos", "rank", "mass_above", "entropy_p"]
+    cols += ["entropy_q", "passed_ratio", "accepted", "cause"]
+    pos_lf = _lazy(runs.positions, "positions", cols)
+    have = pos_lf.collect_schema().names()
+    # run_id only separates blocks of several runs; with one run it is 10M dead strings.
+    keep = ("run_id", "es", "rule") if len(runs.manifests) != 1 else ("es", "rule")
+    extra = [c for c in keep if c in have]
+    # Categorical strings: 10M short repeated strings cost far less memory and time.
+    cat = [c for c in ("request_id", "run_id", "kind", "cause", "rule") if c in [*cols, *extra]]
+    pos_lf = pos_lf.select(*cols, *extra).with_columns(pl.col(cat).cast(pl.Categorical))
+    if "es" in extra and es_grid is not None:
+        pos_lf = flatten_es(pos_lf, len(es_grid))
+    # One chunk per column: a scan of many part files yields thousands of chunks, and
+    # every later group_by / window pays for them.
+    pos = pos_lf.collect().rechunk()
+    rounds = _needed(runs.rounds, "rounds", _ROUND_COLS)
+    requests = _needed(runs.requests, "requests", _REQUEST_COLS)
+
+    # Runs collected without per-position logs (or still empty) get the request- and
+    # round-level statistics only; missing ones are empty lists / nulls, never errors.
+    has_pos, has_rounds = pos.height > 0, rounds.height > 0
+    empty = pl.DataFrame(schema={"measure": pl.String})
+    anat = rejection_anatomy(pos, grid, TOPK, alpha=alpha) if has_pos else empty
+    nuc = anat.filter(pl.col("measure") == "nucleus")
+    topk = anat.filter(pl.col("measure") == "topk")
+    ent_out: dict[str, Any] = {}
+    if has_pos:
+        ent = entropy_gaps(pos, alpha=alpha)
+        for s in SUBSETS:
+            d = {r["measure"]: r for r in ent.filter(pl.col("subset") == s).to_dicts()}
+            ent_out[s] = {
+                "entropy_p": d["entropy_p"]["mean"],
+                "entropy_q": d["entropy_q"]["mean"],
+                "gap": d["gap"]["mean"],
+                "gap_ci_low": d["gap"]["ci_low"],
+                "gap_ci_high": d["gap"]["ci_high"],
+                "n_positions": d["gap"]["n_positions"],
+            }
+    acc_pos = acceptance_by_position(pos, alpha=alpha) if has_pos else None
+    s0: dict[str, Any] = {}
+    if has_rounds:
+        s0 = speed(rounds, requests if requests.height else None, alpha=alpha).row(0, named=True)
+    rules = sorted(
+        {str(m.get("config", {}).get("rule")) for m in runs.manifests if m.get("config")}
+    )
+    out: dict[str, Any] = {
+        "schema_version": AUDIT_SCHEMA_VERSION,
+        "runs": [m.get("run_id") for m in runs.manifests],
+        "rules": rules,
+        "alpha": alpha,
+        "theta_grid": list(grid),
+        "n_requests": int(requests.height),
+        "n_positions": int(pos.height),
+        "rejected_in_nucleus": _records(
+            nuc, ["theta", "fraction", "ci_low", "ci_high", "n_rejected"]
+        )
+        if has_pos
+        else [],
+        "topk_share": _records(topk, ["k", "fraction", "ci_low", "ci_high"]) if has_pos else [],
+        "entropy": ent_out,
+        "tau_mean": s0.get("tau_mean"),
+        "tau_ci": [s0.get("tau_ci_low"), s0.get("tau_ci_high")],
+        "acceptance_rate": s0.get("alpha"),
+        "acceptance_by_position": _records(acc_pos, ["pos", "accept_rate", "ci_low", "ci_high"])
+        if acc_pos is not None
+        else [],
+        "k_mean": s0.get("k_mean"),
+        "verify_share": s0.get("verify_share"),
+        "draft_cost_ratio": s0.get("c"),
+        "modelled_tau": s0.get("modelled_tau"),
+        "modelled_speedup": s0.get("modelled_speedup"),
+        "passes_per_token": s0.get("passes_per_token"),
+        "tokens_per_s": s0.get("tokens_per_s"),
+    }
+    if has_pos and (rules == ["exact"] or (not rules and "rule" not in extra)):
+        cf = counterfactual_nsd(pos, grid, es_grid=es_grid)
+        out["counterfactual_nsd_first_order"] = _records(cf, cf.columns)
+    ref_req = hd = None
+    if reference is not None:
+        ref_req = _needed(reference.requests, "reference", _REQUEST_COLS)
+        hd = hash_divergence(requests, ref_req, by=[], alpha=alpha)
+        out["hash_divergence"] = json_safe(hd.row(0, named=True))
+    run_theta = nsd_theta(runs.manifests)
+    if has_pos and es_grid is not None and "_es0" in pos.columns and run_theta is not None:
+        try:
+            j = es_index(run_theta, es_grid)
+        except ValueError:
+            j = None
+        if j is not None:
+            dev = deviation_accounting(pos, j, divergence=hd)
+            out["deviation"] = {"theta": run_theta, **json_safe(dev.row(0, named=True))}
+            dbp = deviation_by_position(pos, j, alpha=alpha)
+            out["deviation"]["by_position"] = _records(dbp, dbp.columns)
+    if ref_req is not None:
+        by = ["task"] if "task" in requests.columns and "task" in ref_req.columns else []
+        if requests["score"].is_not_null().any() and ref_req["score"].is_not_null().any():
+            acc = accuracy_delta(
+                requests, ref_req, margin=margin, by=by, alpha=alpha, correction=correction
+            )
+            pooled = accuracy_delta(requests, ref_req, margin=margin, by=[], alpha=alpha)
+            p0 = pooled.row(0, named=True)
+            out["accuracy_delta"] = json_safe(
+                {
+                    "delta": p0["delta"],
+                    "ci_low": p0["ci_low"],
+                    "ci_high": p0["ci_high"],
+                    "p_mcnemar": p0["p_mcnemar"],
+                    "p_noninferiority": p0["p_noninf"],
+                    "noninferior": p0["noninferior"],
+                    "margin": margin,
+                    "n_items": p0["n_items"],
+                    "per_task": _records(acc, acc.columns),
+                }
+            )
+        sp = paired_speedup(requests, ref_req, by=[], alpha=alpha).row(0, named=True)
+        out["speedup_vs_reference"] = json_safe(sp)
+    if baseline is not None:
+        base_req = _needed(baseline.requests, "baseline", _REQUEST_COLS)
+        sp = paired_speedup(requests, base_req, by=[], alpha=alpha).row(0, named=True)
+        out["speedup_vs_baseline"] = json_safe(sp)
+    return json_safe(out)
+
+
+def summary_json(summary: Mapping[str, Any]) -> str:
+    """The summary as indented JSON (NaN-free: non-finite numbers are null)."""
+    return json.dumps(json_safe(dict(summary)), indent=2, sort_keys=False)

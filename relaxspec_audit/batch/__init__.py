@@ -1,0 +1,60 @@
+"""Batch audits: config validation and planning, notebook execution, the batch runner.
+
+``batch.config`` reads and validates a YAML batch config into per-task plans,
+``batch.notebooks`` executes one bundled notebook with papermill, ``batch.runner`` collects
+the missing runs and renders every task's reports. The public API is re-exported here.
+"""
+
+from relaxspec_audit.batch.config import (
+    BATCH_PARAMETERS,
+    BATCH_SCHEMA_VERSION,
+    CONFIG_DIR,
+    DEFAULT_NOTEBOOKS,
+    BatchConfig,
+    BatchConfigError,
+    TaskPlan,
+    bundled_config,
+    load_config,
+    plan_task,
+)
+from relaxspec_audit.batch.notebooks import (
+    KERNEL_NAME,
+    NOTEBOOK_DIR,
+    NOTEBOOKS,
+    NotebookResult,
+    check_kernel,
+    execute_notebook,
+    notebook_parameters,
+    notebook_path,
+)
+from relaxspec_audit.batch.runner import (
+    BatchResult,
+    TaskResult,
+    collect_runs,
+    run_batch,
+)
+
+__all__ = [
+    "BATCH_PARAMETERS",
+    "BATCH_SCHEMA_VERSION",
+    "CONFIG_DIR",
+    "DEFAULT_NOTEBOOKS",
+    "KERNEL_NAME",
+    "NOTEBOOKS",
+    "NOTEBOOK_DIR",
+    "BatchConfig",
+    "BatchConfigError",
+    "BatchResult",
+    "NotebookResult",
+    "TaskPlan",
+    "TaskResult",
+    "bundled_config",
+    "check_kernel",
+    "collect_runs",
+    "execute_notebook",
+    "load_config",
+    "notebook_parameters",
+    "notebook_path",
+    "plan_task",
+    "run_batch",
+]

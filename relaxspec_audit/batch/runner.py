@@ -1,0 +1,253 @@
+"""Batch runner: one validated config → collected runs → executed notebooks → ``reports/``.
+
+The recipe follows papermill's ``execute_notebook`` (STYLE "papermill"): load the config →
+validate *all* of it (``batch.config``) before any work → collect the runs that are missing
+(independent shards, in parallel up to ``jobs``; ``collect.run.collect`` resumes a run folder)
+→ execute each task's notebooks with papermill (``batch.notebooks``; a failing notebook is
+saved with its error and the batch goes on) → export HTML with code hidden, write
+``summary.json`` per task and ``index.html`` over all tasks (``report.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from relaxspec_audit.batch.config import BatchConfig, TaskPlan, load_config
+from relaxspec_audit.batch.notebooks import (
+    KERNEL_NAME,
+    NotebookResult,
+    check_kernel,
+    execute_notebook,
+    notebook_parameters,
+)
+from relaxspec_audit.collect.config import TARGET_ONLY, RunConfig
+
+
+@dataclass
+class TaskResult:
+    """Outcome of one task: its run folders, notebooks, summary and any collection error."""
+
+    task: str
+    run_dirs: list[Path]
+    notebooks: list[NotebookResult]
+    summary_path: Path | None
+    errors: list[str]
+
+    @property
+    def ok(self) -> bool:
+        """Whether everything for this task succeeded."""
+        return not self.errors and all(nb.ok for nb in self.notebooks)
+
+
+@dataclass
+class BatchResult:
+    """Outcome of :func:`run_batch`; ``ok`` is False when any run or notebook failed."""
+
+    name: str
+    report_dir: Path
+    index: Path
+    tasks: list[TaskResult]
+
+    @property
+    def ok(self) -> bool:
+        """Whether every task succeeded."""
+        return all(t.ok for t in self.tasks)
+
+
+_PAIR_CACHE: dict[tuple, Any] = {}
+
+
+def _collect_one(config_json: str, runs_dir: str, threads: int) -> tuple[str, str | None]:
+    """Collect one run (in a worker process); return (run folder, error or None)."""
+    config = RunConfig.from_json(config_json)
+    try:
+        import torch
+
+        torch.set_num_threads(threads)  # share the cores between parallel shards
+        from transformers.utils import logging as hf_logging
+
+        from relaxspec_audit.collect.pair import load_pair
+        from relaxspec_audit.collect.run import collect
+
+        hf_logging.disable_progress_bar()  # the batch has its own bar over all runs
+
+        draft = None if config.rule == TARGET_ONLY else config.draft
+        key = (config.target, draft, config.device, config.dtype)
+        if key not in _PAIR_CACHE:
+            # One pair in memory per process: consecutive runs of one model pair (the
+            # usual order of a config) load it once; a different pair replaces it.
+            _PAIR_CACHE.clear()
+            _PAIR_CACHE[key] = load_pair(config.target, draft, config.device, config.dtype)
+        path = collect(config, Path(runs_dir), resume=True, progress=None, pair=_PAIR_CACHE[key])
+        return str(path), None
+    except Exception as exc:
+        return str(config.run_dir(runs_dir)), f"{type(exc).__name__}: {exc}"
+
+
+def collect_runs(
+    configs: Sequence[RunConfig],
+    runs_dir: str | Path,
+    *,
+    jobs: int = 1,
+    on_done: Callable[[RunConfig, Path, str | None], None] | None = None,
+) -> dict[str, tuple[Path, str | None]]:
+    """Collect every run that is missing or unfinished, up to ``jobs`` in parallel.
+
+    Runs are independent shards (DESIGN "Scale"), so they go to a
+    ``ProcessPoolExecutor`` (spawned workers: torch does not survive ``fork`` well);
+    ``jobs=1`` collects in this process. Finished runs are cheap: ``collect.run.collect``
+    resumes a run folder and skips finished requests.
+
+    Args:
+        configs: validated run configs.
+        runs_dir: root of the run folders.
+        jobs: parallel worker processes.
+        on_done: called after each run with (config, run folder, error or None).
+
+    Returns:
+        ``{config.to_json(): (run folder, error or None)}``.
+    """
+    if jobs < 1:
+        raise ValueError(f"jobs: must be >= 1, got {jobs}")
+    runs_dir = Path(runs_dir)
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    out: dict[str, tuple[Path, str | None]] = {}
+
+    def done(config: RunConfig, path: str, error: str | None) -> None:
+        out[config.to_json()] = (Path(path), error)
+        if on_done is not None:
+            on_done(config, Path(path), error)
+
+    if jobs == 1 or len(configs) <= 1:
+        for config in configs:
+            done(config, *_collect_one(config.to_json(), str(runs_dir), threads))
+        return out
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+        futures = {
+            pool.submit(_collect_one, c.to_json(), str(runs_dir), threads): c for c in configs
+        }
+        for fut in cf.as_completed(futures):
+            config = futures[fut]
+            try:
+                path, error = fut.result()
+            except Exception as exc:
+                path, error = str(config.run_dir(runs_dir)), f"{type(exc).__name__}: {exc}"
+            done(config, path, error)
+    return out
+
+
+def run_batch(
+    config: str | Path | Mapping[str, Any] | BatchConfig,
+    *,
+    out: str | Path = "reports",
+    runs: str | Path = "runs",
+    jobs: int = 1,
+    progress: bool = True,
+    kernel_name: str = KERNEL_NAME,
+) -> BatchResult:
+    """Run a batch audit end to end (see the module docstring for the recipe).
+
+    Args:
+        config: a YAML path, a parsed mapping, or a :class:`BatchConfig`.
+        out: reports root; this batch writes ``<out>/<batch>/``.
+        runs: run folders root (shared between batches: finished runs are reused).
+        jobs: parallel collection processes.
+        progress: show a ``tqdm.auto`` bar over the whole batch.
+        kernel_name: Jupyter kernel for the notebooks.
+
+    Returns:
+        The :class:`BatchResult`; ``ok`` is False if any run or notebook failed (the
+        batch still finishes every other task).
+
+    Raises:
+        BatchConfigError: the config is invalid (nothing has been run).
+        RuntimeError: the Jupyter kernel does not run this interpreter (nothing run).
+    """
+    from tqdm.auto import tqdm
+
+    from relaxspec_audit import report
+
+    plan = config if isinstance(config, BatchConfig) else load_config(config)
+    check_kernel(kernel_name)  # before any work: a wrong kernel would fail every notebook
+    runs_dir = Path(runs).resolve()
+    report_dir = Path(out).resolve() / plan.name
+    report_dir.mkdir(parents=True, exist_ok=True)
+    all_runs = plan.all_runs()
+    total = len(all_runs) + len(plan.tasks) * len(plan.notebooks)
+    bar = tqdm(total=total, desc=f"batch {plan.name}", unit="step", disable=not progress)
+
+    def on_done(config: RunConfig, path: Path, error: str | None) -> None:
+        bar.set_postfix_str(f"{config.task}/{config.rule}", refresh=False)
+        bar.update(1)
+
+    collected = collect_runs(all_runs, runs_dir, jobs=jobs, on_done=on_done)
+    results: list[TaskResult] = []
+    for task in plan.tasks:
+        task_dir = report_dir / task.slug
+        task_dir.mkdir(parents=True, exist_ok=True)
+        run_dirs = [collected[r.to_json()][0] for r in task.runs]
+        errors = [
+            f"collect {r.rule} {r.params or ''} split={r.split}: {collected[r.to_json()][1]}"
+            for r in task.runs
+            if collected[r.to_json()][1] is not None
+        ]
+        notebooks: list[NotebookResult] = []
+        for name in plan.notebooks:
+            bar.set_postfix_str(f"{task.slug}/{name}", refresh=False)
+            declared = notebook_parameters(name)
+            params = {k: v for k, v in task.parameters.items() if k in declared}
+            params |= _batch_parameters(declared, runs_dir, task, task_dir, name)
+            notebooks.append(
+                execute_notebook(name, task_dir, params, kernel_name=kernel_name, cwd=task_dir)
+            )
+            bar.update(1)
+        summary_path = task_dir / "summary.json"
+        entries = [_nb_entry(nb, task_dir) for nb in notebooks]
+        signoff = task_dir / "signoff.numbers.json"
+        if any(nb.name == "signoff" and nb.ok for nb in notebooks) and signoff.is_file():
+            # The sign-off notebook computed this very summary: reuse it, not recompute it.
+            summary = report.finish_summary(
+                json.loads(signoff.read_text()), batch=plan.name, errors=errors,
+                notebooks=entries, n_runs=len(run_dirs),
+            )  # fmt: skip
+        else:
+            summary = report.task_summary(
+                runs_dir, task.task, run_dirs=run_dirs, batch=plan.name, errors=errors,
+                notebooks=entries, parameters=task.parameters,
+            )  # fmt: skip
+        report.write_json(summary, summary_path)
+        results.append(TaskResult(task.task, run_dirs, notebooks, summary_path, errors))
+    bar.close()
+    index = report.write_index(
+        report_dir, [json.loads(r.summary_path.read_text()) for r in results]
+    )
+    return BatchResult(name=plan.name, report_dir=report_dir, index=index, tasks=results)
+
+
+def _batch_parameters(
+    declared: Mapping[str, Any], runs_dir: Path, task: TaskPlan, task_dir: Path, name: str
+) -> dict[str, Any]:
+    values = {
+        "runs_dir": str(runs_dir),
+        "task": task.task,
+        "numbers_path": str(task_dir / f"{name}.numbers.json"),
+    }
+    return {k: v for k, v in values.items() if k in declared}
+
+
+def _nb_entry(nb: NotebookResult, task_dir: Path) -> dict[str, Any]:
+    return {
+        "name": nb.name,
+        "ok": nb.ok,
+        "html": nb.html.relative_to(task_dir).as_posix() if nb.html else None,
+        "error": nb.error,
+        "seconds": round(nb.seconds, 2),
+    }

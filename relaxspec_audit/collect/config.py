@@ -1,0 +1,255 @@
+"""One validated, frozen, serialisable configuration per run (the single source of defaults).
+
+A run is one (model pair, task, rule, rule parameters, seed, K, sampling settings), see
+DESIGN "Logs". :class:`RunConfig` holds exactly that, with the rule's parameters resolved
+once into the rule's typed params object (:func:`relaxspec_audit.verify.registry.resolve_params`);
+:meth:`RunConfig.run_id` hashes everything that changes the logged output, so re-running
+the same configuration resumes into the same run folder
+(``<out>/task=<task>/rule=<rule>/run=<run_id>/``).
+
+What ``run_id`` covers: the task and split, both models (repository paths made portable),
+the rule and its resolved parameters (defaults included, so ``{}`` and ``{"theta": 0.95}``
+are one run), K, the sampling settings (temperature, top-k, top-p), ``max_new_tokens``, the
+seed, the device and dtype, ``log_positions`` and the θ grid of the logged ``es``. It does
+not cover ``limit`` (a larger limit resumes the run and adds requests), nor anything that
+changes only timings (batch size, threads, chunking).
+
+This module is imported by the CLI and the statistics layer, so it must not import torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from relaxspec_audit.verify import registry
+from relaxspec_audit.verify.registry import TARGET_ONLY
+
+#: Repository root (this module lives in ``<root>/relaxspec_audit/collect``); the embedded
+#: pair is resolved against it so that the defaults work from any working directory.
+REPO_ROOT = Path(__file__).resolve().parents[2]
+#: The embedded model pair trained by ``relaxspec_audit.models.zoo`` (DESIGN "Embedded default").
+EMBEDDED_DIR = REPO_ROOT / "data" / "models" / "arith"
+DEFAULT_TARGET = str(EMBEDDED_DIR / "target")
+DEFAULT_DRAFT = str(EMBEDDED_DIR / "draft")
+#: θ grid on which ``E_S`` is logged at every position (SPEC §2.3, §3 deviation accounting).
+DEFAULT_THETA_GRID: tuple[float, ...] = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)
+SPLITS = (None, "discovery", "confirmation")
+DEVICES_PREFIXES = ("auto", "cpu", "cuda", "mps")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+#: Fields that do not change what a request's logs contain: a larger ``limit`` resumes the
+#: same run folder and only adds requests.
+_NOT_IN_RUN_ID = ("limit",)
+
+
+class ConfigError(ValueError):
+    """An invalid run configuration; ``field`` names the offending field."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines one run. Validate with :meth:`validate` before use.
+
+    Attributes:
+        task: task name from the registry (``tasks.load_task``) or a path to a JSONL file.
+        split: ``"discovery"``, ``"confirmation"`` or None for every item.
+        limit: decode at most this many items (None: all).
+        target: path or hub id of the target causal LM.
+        draft: path or hub id of the draft causal LM (same vocabulary as the target).
+        rule: a rule of ``registry.RULES`` or ``"target"`` (target-only decoding).
+        params: the rule's resolved params object (``registry.resolve_params``; None for
+            target-only). A mapping of overrides is resolved on construction, so every
+            RunConfig carries its parameters resolved; invalid ones raise ConfigError.
+        k: draft tokens per round (K, SPEC §1).
+        temperature: sampling temperature applied to p and q alike; 0 means greedy.
+        top_k: keep only the k most likely tokens of p and q (None: off).
+        top_p: keep the top-p nucleus of p and q before sampling (None: off).
+        max_new_tokens: stop a request after this many emitted tokens.
+        seed: seed of the coupled random stream (SPEC §4).
+        device: ``"auto"`` (cuda if available, else cpu), ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
+        dtype: ``"auto"`` (float32 on cpu, bfloat16 on cuda) or a torch dtype name.
+        log_positions: write the per-position table (off only for speed comparisons).
+        theta_grid: θ values at which ``E_S`` is logged per position.
+    """
+
+    task: str = "arith"
+    split: str | None = None
+    limit: int | None = None
+    target: str = DEFAULT_TARGET
+    draft: str = DEFAULT_DRAFT
+    rule: str = "exact"
+    params: Any = None
+    k: int = 5
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    max_new_tokens: int = 64
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "auto"
+    log_positions: bool = True
+    theta_grid: tuple[float, ...] = DEFAULT_THETA_GRID
+
+    def __post_init__(self) -> None:
+        # JSON gives lists; keep the grid hashable.
+        object.__setattr__(self, "theta_grid", tuple(float(t) for t in self.theta_grid))
+        object.__setattr__(self, "params", self._resolve(self.params))
+
+    def _resolve(self, raw: Any) -> Any:
+        """Resolve once: every later reader gets the typed params, defaults filled in."""
+        if self.rule == TARGET_ONLY:
+            if raw:
+                raise ConfigError("params", f"target-only decoding takes none, got {raw}")
+            return None
+        if not isinstance(self.rule, str) or self.rule not in registry.RULES:
+            known = sorted([*registry.RULES, TARGET_ONLY])
+            raise ConfigError("rule", f"unknown rule {self.rule!r}; known: {', '.join(known)}")
+        try:
+            return registry.resolve_params(self.rule, raw)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError("params", f"rule {self.rule!r}: {exc}") from exc
+
+    def __hash__(self) -> int:
+        return hash(self.to_json())
+
+    @property
+    def greedy(self) -> bool:
+        """Whether the run decodes in greedy mode (temperature 0)."""
+        return self.temperature == 0
+
+    def validate(self) -> RunConfig:
+        """Check every field; return self so that calls can be chained.
+
+        Raises:
+            ConfigError: naming the first invalid field.
+        """
+        _check_int(self, "k", minimum=1)
+        _check_int(self, "max_new_tokens", minimum=1)
+        _check_int(self, "seed", minimum=0)
+        if self.limit is not None:
+            _check_int(self, "limit", minimum=1)
+        if not isinstance(self.task, str) or not self.task:
+            raise ConfigError("task", f"must be a non-empty string, got {self.task!r}")
+        if self.split not in SPLITS:
+            raise ConfigError("split", f"must be one of {SPLITS}, got {self.split!r}")
+        for name in ("target", "draft"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ConfigError(name, f"must be a model path or id, got {value!r}")
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float):
+            raise ConfigError("temperature", f"must be a number, got {self.temperature!r}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ConfigError("temperature", f"must be finite and >= 0, got {self.temperature}")
+        if self.top_k is not None:
+            _check_int(self, "top_k", minimum=1)
+        if self.top_p is not None and not (
+            isinstance(self.top_p, int | float) and 0 < self.top_p <= 1
+        ):
+            raise ConfigError("top_p", f"must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.device, str) or not self.device.startswith(DEVICES_PREFIXES):
+            raise ConfigError(
+                "device", f"must start with one of {DEVICES_PREFIXES}, got {self.device!r}"
+            )
+        if self.dtype not in DTYPES:
+            raise ConfigError("dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
+        if not isinstance(self.log_positions, bool):
+            raise ConfigError("log_positions", f"must be a bool, got {self.log_positions!r}")
+        if not self.theta_grid or not all(0 < t <= 1 for t in self.theta_grid):
+            raise ConfigError("theta_grid", f"must be non-empty, in (0, 1], got {self.theta_grid}")
+        self._validate_rule()
+        return self
+
+    def _validate_rule(self) -> None:
+        # Rule and parameters were resolved on construction; what is left ties them to
+        # the sampling settings.
+        spec = registry.RULES.get(self.rule)
+        problem = registry.check_greedy(spec, self.temperature) if spec else None
+        if problem:
+            raise ConfigError("temperature", problem)
+
+    @property
+    def spec(self) -> registry.RuleSpec | None:
+        """The rule's registry entry; None for target-only decoding."""
+        return registry.RULES.get(self.rule)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict of every field."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["params"] = registry.params_dict(self.params)
+        out["theta_grid"] = list(self.theta_grid)
+        return out
+
+    def to_json(self) -> str:
+        """Canonical JSON (sorted keys), so equal configs serialise identically."""
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        """Build from :meth:`to_dict` output; unknown keys raise :class:`ConfigError`."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(
+                unknown[0], f"unknown config field (known: {', '.join(sorted(known))})"
+            )
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunConfig:
+        """Inverse of :meth:`to_json`."""
+        return cls.from_dict(json.loads(text))
+
+    def run_id(self) -> str:
+        """Short stable hash of everything that changes the output (12 hex chars).
+
+        Model paths inside the repository are hashed relative to it, so the embedded pair
+        gives the same id on every checkout. ``limit`` is left out: a larger limit resumes
+        the same run folder.
+        """
+        data = self.to_dict()
+        for name in _NOT_IN_RUN_ID:
+            data.pop(name)
+        for name in ("target", "draft"):
+            data[name] = _portable_path(data[name])
+        blob = json.dumps(data, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+    def run_dir(self, out: str | Path) -> Path:
+        """The run folder under ``out``: ``task=<task>/rule=<rule>/run=<run_id>``."""
+        return (
+            Path(out)
+            / f"task={task_slug(self.task)}"
+            / f"rule={self.rule}"
+            / f"run={self.run_id()}"
+        )
+
+
+def _check_int(cfg: RunConfig, name: str, minimum: int) -> None:
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(name, f"must be an integer >= {minimum}, got {value!r}")
+
+
+def _portable_path(value: str) -> str:
+    try:
+        return Path(value).resolve().relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        return value
+
+
+def task_slug(task: str) -> str:
+    """The hive key of a task: its name, or the file stem of a task given as a path."""
+    # A task given as a path becomes its file stem so that the hive key stays one segment.
+    if "/" in task or task.endswith(".jsonl"):
+        return Path(task).stem
+    return task

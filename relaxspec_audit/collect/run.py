@@ -1,0 +1,93 @@
+"""Collect one run: every item of a task decoded and scored, written as a resumable run folder.
+
+The driver of the collect stage (DESIGN "Logs"): it validates the :class:`RunConfig`, loads
+the task and the model pair, writes the manifest (config, run id, θ grid, models, task,
+EOS ids) and hands each decoded, scored request to ``logs.RunWriter``. The request id is
+the task item's id, so runs of different rules on one seed share each request's random
+stream (SPEC §4), and finished requests of an interrupted run are skipped on resume.
+
+torch and transformers are imported inside functions (the CLI's ``--help`` must not pay).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from relaxspec_audit.collect.config import TARGET_ONLY, RunConfig
+from relaxspec_audit.collect.engine import decode_request
+from relaxspec_audit.collect.pair import Pair, encode_prompt, load_pair
+
+
+def collect(
+    config: RunConfig,
+    out: str | Path,
+    resume: bool = True,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+    pair: Pair | None = None,
+    chunk_size: int = 16,
+) -> Path:
+    """Decode every item of the config's task and write the run folder under ``out``.
+
+    Finished requests of an existing run folder are skipped (``resume``); the task scorer
+    grades each completion. The request id is the task item's id, so runs of different
+    rules on one seed share each request's random stream (SPEC §4).
+
+    Args:
+        config: the run configuration (validated here).
+        out: parent folder of runs (``runs/``).
+        resume: keep and skip finished requests of an earlier, interrupted run.
+        progress: called after each request (and once at the start) with a dict of
+            ``done``, ``total``, ``tokens``, ``passes``, ``accepted``, ``drafted``, ``wall_s``.
+        pair: an already loaded pair (default: :func:`load_pair` of the config's models).
+        chunk_size: finished requests per committed Parquet part.
+
+    Returns:
+        The run folder.
+    """
+    from relaxspec_audit import tasks
+    from relaxspec_audit.collect.logs import RunWriter
+
+    config.validate()
+    task = tasks.load_task(config.task, split=config.split, limit=config.limit)
+    if pair is None:
+        draft = None if config.rule == TARGET_ONLY else config.draft
+        pair = load_pair(config.target, draft, config.device, config.dtype)
+    run_dir = config.run_dir(out)
+    manifest = {
+        "config": config.to_dict(),
+        "run_id": config.run_id(),
+        "theta_grid": list(config.theta_grid),
+        "models": pair.info,
+        "task": {"name": task.name, "n_items": len(task.items), "scorer": task.scorer_name},
+        "eos_ids": sorted(pair.eos_ids),
+    }
+    totals = {"done": 0, "total": len(task.items), "tokens": 0, "passes": 0}
+    totals.update(accepted=0, drafted=0, wall_s=0.0, skipped=0)
+    with RunWriter(run_dir, manifest, resume=resume, chunk_size=chunk_size) as writer:
+        todo = [item for item in task.items if item.id not in writer.finished]
+        totals["skipped"] = totals["done"] = len(task.items) - len(todo)
+        if progress is not None:
+            progress(dict(totals))
+        for item in todo:
+            ids = encode_prompt(pair, item.prompt)
+            rows = decode_request(pair, ids, config, item.id)
+            text = pair.tokenizer.decode(rows.request["output_ids"], skip_special_tokens=True)
+            rows.request.update(
+                item_id=item.id,
+                task=task.name,
+                split=item.split,
+                text=text,
+                score=task.score(item, text),
+            )
+            writer.add(rows)
+            totals["done"] += 1
+            totals["tokens"] += rows.request["n_tokens"]
+            totals["passes"] += rows.request["target_passes"]
+            totals["accepted"] += int(sum(rows.rounds["accepted"]))
+            totals["drafted"] += int(sum(rows.rounds["k"]))
+            totals["wall_s"] += rows.request["wall_s"]
+            if progress is not None:
+                progress(dict(totals))
+    return run_dir

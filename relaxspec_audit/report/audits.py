@@ -1,0 +1,188 @@
+"""Audit rows: every relaxed run of a task against its paired reference, one row each.
+
+The rows are ``stats.audit_summary`` flattened (speed-up, accuracy delta with its
+non-inferiority test, hash divergence, the (1 − ε)^T coupling bound of SPEC §2.3): the
+data of the frontier, of the verdict's report and of the figures in :mod:`.plots`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from relaxspec_audit.report.runs import LOSSLESS, _baseline, _match, reference_rule, runs_table
+
+
+def audit_table(
+    runs_dir: str | Path,
+    task: str,
+    *,
+    margin: float = 0.02,
+    alpha: float = 0.05,
+    split: str | None = None,
+) -> Any:
+    """Every relaxed run of a task audited against its reference: the frontier's data.
+
+    One ``stats.audit_summary`` per relaxed run (with its paired reference and the
+    target-only baseline when present), flattened to one row; plus one row per reference
+    run itself (``setting`` = the reference rule, delta 0) so the frontier shows it.
+
+    Args:
+        runs_dir: folder of run folders.
+        task: task name.
+        margin: non-inferiority margin δ on the score scale.
+        alpha: 1 − confidence level.
+        split: only this split (None: every split).
+
+    Returns:
+        A polars DataFrame, one row per (rule, setting, split), with columns ``rule,
+        reference, knob, value, setting, split, is_reference, n_requests, tau,
+        speedup_vs_reference, speedup_ci_low, speedup_ci_high, speedup_vs_baseline,
+        accuracy_delta, delta_ci_low, delta_ci_high, p_noninferiority, noninferior,
+        score, divergence, divergence_ci_low, divergence_ci_high, first_pos_median,
+        eps_mean, bound, identical_rate, identical_ci_low, identical_ci_high, run_dir,
+        reference_dir``.
+    """
+    import polars as pl
+
+    from relaxspec_audit import stats
+
+    table = runs_table(runs_dir, task)
+    if split is not None:
+        table = table.filter(pl.col("split") == split)
+    rows = []
+    ref_cache: dict[str, dict[str, Any]] = {}
+    for row in table.iter_rows(named=True):
+        rule = row["rule"]
+        if rule == "target":
+            continue
+        is_ref = rule in LOSSLESS
+        ref_rule = rule if is_ref else reference_rule(rule, row["temperature"])
+        ref_dir = None if is_ref else _match(table, row, ref_rule)
+        base_dir = _baseline(table, row)
+        summary = stats.audit_summary(
+            [row["run_dir"]], reference=[ref_dir] if ref_dir else None,
+            baseline=[base_dir] if base_dir else None, margin=margin, alpha=alpha,
+        )  # fmt: skip
+        acc = summary.get("accuracy_delta") or {}
+        hd = summary.get("hash_divergence") or {}
+        sp = summary.get("speedup_vs_reference") or {}
+        # The (1 − ε)^T coupling bound is NSD's (SPEC §2.3): E_S is its deviation per step.
+        dev = (summary.get("deviation") or {}) if rule == "nucleus" else {}
+        ref_summary = None
+        if ref_dir is not None:
+            if ref_dir not in ref_cache:
+                ref_cache[ref_dir] = stats.audit_summary([ref_dir], margin=margin, alpha=alpha)
+            ref_summary = ref_cache[ref_dir]
+        score = _mean_score(row["run_dir"])
+        rows.append(
+            {
+                "rule": rule,
+                "reference": ref_rule,
+                "knob": row["knob"],
+                "value": row["value"],
+                "setting": row["setting"],
+                "split": row["split"],
+                "is_reference": is_ref,
+                "n_requests": summary.get("n_requests"),
+                "tau": summary.get("tau_mean"),
+                "tau_reference": (ref_summary or summary).get("tau_mean"),
+                "speedup_vs_reference": 1.0 if is_ref else sp.get("speedup"),
+                "speedup_ci_low": 1.0 if is_ref else sp.get("ci_low"),
+                "speedup_ci_high": 1.0 if is_ref else sp.get("ci_high"),
+                "speedup_vs_baseline": (summary.get("speedup_vs_baseline") or {}).get("speedup"),
+                "accuracy_delta": 0.0 if is_ref and score is not None else acc.get("delta"),
+                "delta_ci_low": acc.get("ci_low"),
+                "delta_ci_high": acc.get("ci_high"),
+                "p_noninferiority": acc.get("p_noninferiority"),
+                "noninferior": acc.get("noninferior"),
+                "score": score,
+                "divergence": 0.0 if is_ref else hd.get("rate"),
+                "divergence_ci_low": hd.get("ci_low"),
+                "divergence_ci_high": hd.get("ci_high"),
+                "first_pos_median": hd.get("first_pos_median"),
+                "eps_mean": dev.get("eps_mean"),
+                "bound": dev.get("bound_product"),
+                "identical_rate": dev.get("identical_rate"),
+                "identical_ci_low": dev.get("ci_low"),
+                "identical_ci_high": dev.get("ci_high"),
+                "params": row["params"],
+                "run_dir": row["run_dir"],
+                "reference_dir": ref_dir,
+            }
+        )
+    schema = {
+        "rule": pl.String, "reference": pl.String, "knob": pl.String, "value": pl.Float64,
+        "setting": pl.String, "split": pl.String, "is_reference": pl.Boolean,
+        "n_requests": pl.Int64, "tau": pl.Float64, "tau_reference": pl.Float64,
+        "speedup_vs_reference": pl.Float64, "speedup_ci_low": pl.Float64,
+        "speedup_ci_high": pl.Float64, "speedup_vs_baseline": pl.Float64,
+        "accuracy_delta": pl.Float64, "delta_ci_low": pl.Float64, "delta_ci_high": pl.Float64,
+        "p_noninferiority": pl.Float64, "noninferior": pl.Boolean, "score": pl.Float64,
+        "divergence": pl.Float64, "divergence_ci_low": pl.Float64,
+        "divergence_ci_high": pl.Float64, "first_pos_median": pl.Float64,
+        "eps_mean": pl.Float64, "bound": pl.Float64, "identical_rate": pl.Float64,
+        "identical_ci_low": pl.Float64, "identical_ci_high": pl.Float64,
+        "params": pl.String, "run_dir": pl.String, "reference_dir": pl.String,
+    }  # fmt: skip
+    return pl.DataFrame(rows, schema=schema).sort(
+        ["reference", "is_reference", "rule", "value", "split"],
+        descending=[False, True, False, False, False], nulls_last=True,
+    )  # fmt: skip
+
+
+def _mean_score(run_dir: str) -> float | None:
+    import polars as pl
+
+    from relaxspec_audit.collect import logs
+
+    req = logs.scan([run_dir], "requests").select(pl.col("score").mean()).collect()
+    value = req["score"][0]
+    return float(value) if value is not None else None
+
+
+def first_divergences(runs_dir: str | Path, task: str, *, split: str | None = None) -> Any:
+    """``stats.first_divergence`` of every relaxed run against its reference, labelled.
+
+    Returns:
+        Columns of ``stats.first_divergence`` plus ``rule``, ``setting``, ``split``.
+    """
+    import polars as pl
+
+    from relaxspec_audit import stats
+    from relaxspec_audit.collect import logs
+
+    table = runs_table(runs_dir, task)
+    if split is not None:
+        table = table.filter(pl.col("split") == split)
+    frames = []
+    for row in table.iter_rows(named=True):
+        if row["rule"] in LOSSLESS:
+            continue
+        ref = _match(table, row, reference_rule(row["rule"], row["temperature"]))
+        if ref is None:
+            continue
+        fd = stats.first_divergence(
+            logs.scan([row["run_dir"]], "requests"), logs.scan([ref], "requests"), by=[]
+        )
+        frames.append(
+            fd.with_columns(
+                pl.lit(row["rule"]).alias("rule"),
+                pl.lit(row["setting"]).alias("setting"),
+                pl.lit(row["split"]).alias("split"),
+            )
+        )
+    if not frames:
+        return pl.DataFrame(
+            schema={
+                "item_id": pl.String,
+                "sample": pl.Int64,
+                "diverged": pl.Boolean,
+                "first_pos": pl.Int64,
+                "n_tokens": pl.Int64,
+                "rule": pl.String,
+                "setting": pl.String,
+                "split": pl.String,
+            }
+        )
+    return pl.concat(frames, how="diagonal_relaxed")

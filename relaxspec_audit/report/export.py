@@ -1,0 +1,178 @@
+"""Static HTML: executed notebooks exported with code hidden, and the batch's ``index.html``.
+
+Everything here writes static, self-contained files: HTML with inline CSS, figures as
+inline PNG (nbconvert's ``basic`` template), no scripts and no external resources, so a
+report opens offline and can be archived with the sign-off.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from relaxspec_audit.report.format import _now, _pct, _points, _speed
+
+_CSS = """
+:root { --fg: #1f2328; --muted: #59636e; --line: #d1d9e0; --bg: #ffffff; --soft: #f6f8fa;
+        --go: #1a7f37; --nogo: #cf222e; --warn: #9a6700; }
+* { box-sizing: border-box; }
+body { margin: 0; font: 15px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
+       color: var(--fg); background: var(--bg); }
+main { max-width: 980px; margin: 0 auto; padding: 16px 24px 48px; }
+nav { background: var(--soft); border-bottom: 1px solid var(--line); padding: 8px 24px; }
+nav a { margin-right: 14px; }
+a { color: #0969da; text-decoration: none; } a:hover { text-decoration: underline; }
+h1 { font-size: 1.6em; margin: 0.6em 0 0.3em; } h2 { font-size: 1.3em; margin-top: 1.4em; }
+h3 { font-size: 1.1em; }
+.anchor-link { display: none; }
+table { border-collapse: collapse; margin: 8px 0 16px; font-size: 0.92em; }
+th, td { border: 1px solid var(--line); padding: 4px 8px; text-align: left; vertical-align: top; }
+th { background: var(--soft); }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+pre { background: var(--soft); padding: 8px 10px; overflow-x: auto; font-size: 0.86em;
+      border-radius: 4px; white-space: pre-wrap; }
+img { max-width: 100%; height: auto; }
+.output_stderr pre { background: #fff8c5; }
+.output_error pre { background: #ffebe9; }
+.badge { display: inline-block; padding: 1px 8px; border-radius: 10px; font-weight: 600;
+         font-size: 0.85em; color: #fff; background: var(--muted); }
+.badge.PASS { background: var(--go); } .badge.FAIL { background: var(--nogo); }
+.badge.INCONCLUSIVE, .badge.failed { background: var(--warn); }
+.muted { color: var(--muted); }
+.dataframe { font-size: 0.86em; }
+.output_html { overflow-x: auto; }
+"""
+
+
+def _page(title: str, body: str, nav: str = "") -> str:
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        # An empty data: icon keeps the browser from asking for /favicon.ico.
+        '<link rel="icon" href="data:,">\n'
+        f"<title>{html.escape(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
+        f"{nav}<main>\n{body}\n</main>\n</body>\n</html>\n"
+    )
+
+
+def export_html(
+    ipynb: str | Path,
+    out: str | Path,
+    *,
+    title: str | None = None,
+    links: Sequence[tuple[str, str]] = (),
+) -> Path:
+    """Export an executed notebook to a self-contained HTML page with code cells hidden.
+
+    Uses nbconvert's ``basic`` template (cells only, figures inline as PNG) with
+    ``exclude_input=True`` and wraps it in a page with inline CSS; no scripts, no CDN.
+
+    Args:
+        ipynb: executed notebook.
+        out: HTML file to write.
+        title: page title (default: the notebook's file stem).
+        links: ``(label, href)`` pairs for the navigation bar.
+
+    Returns:
+        ``out`` as a Path.
+    """
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.read(str(ipynb), as_version=4)
+    exporter = HTMLExporter(
+        template_name="basic",
+        exclude_input=True,
+        exclude_input_prompt=True,
+        exclude_output_prompt=True,
+    )
+    body, _ = exporter.from_notebook_node(nb)
+    out = Path(out)
+    nav_links = [("index", "../index.html"), *links]
+    nav = (
+        "<nav>"
+        + "".join(
+            f'<a href="{html.escape(href)}">{html.escape(label)}</a>' for label, href in nav_links
+        )
+        + "</nav>\n"
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(_page(title or Path(ipynb).stem, body, nav))
+    return out
+
+
+def write_index(report_dir: str | Path, summaries: Sequence[Mapping[str, Any]]) -> Path:
+    """Write ``index.html`` over the tasks of a batch (one row per task × rule family).
+
+    Args:
+        report_dir: ``reports/<batch>/``; task reports are in its sub-folders.
+        summaries: the tasks' ``summary.json`` dicts.
+
+    Returns:
+        Path of the written ``index.html``.
+    """
+    report_dir = Path(report_dir)
+    batch = summaries[0].get("batch", report_dir.name) if summaries else report_dir.name
+    rows = []
+    for s in summaries:
+        task = s["task_slug"]
+        links = " · ".join(
+            f'<a href="{html.escape(task)}/{html.escape(nb["html"])}">'
+            f"{html.escape(nb['name'].replace('_', ' '))}</a>"
+            + ("" if nb["ok"] else ' <span class="badge failed">error</span>')
+            for nb in s.get("notebooks", [])
+            if nb.get("html")
+        )
+        links += f' · <a href="{html.escape(task)}/summary.json">summary.json</a>'
+        families = s.get("families") or [{}]
+        for i, fam in enumerate(families):
+            verdict = fam.get("verdict") or ("failed" if s.get("status") != "ok" else "–")
+            conf = fam.get("confirmation") or {}
+            cells = [
+                f'<td rowspan="{len(families)}"><b>{html.escape(s["task"])}</b><br>'
+                f'<span class="muted">{html.escape(s.get("status", "?"))}</span></td>'
+                if i == 0
+                else "",
+                f"<td>{html.escape(fam.get('rule', '–'))} vs "
+                f"{html.escape(fam.get('reference', '–'))}</td>",
+                f'<td><span class="badge {html.escape(str(verdict))}">'
+                f"{html.escape(str(verdict))}</span></td>",
+                f"<td>{html.escape(fam.get('setting') or '–')}"
+                + (
+                    f'<br><span class="muted">shown: {html.escape(fam["shown_setting"])}</span>'
+                    if not fam.get("setting") and fam.get("shown_setting")
+                    else ""
+                )
+                + "</td>",
+                f'<td class="num">{_speed(conf) if conf else "–"}</td>',
+                f'<td class="num">{_points(conf) if conf else "–"}</td>',
+                f'<td class="num">{_pct(conf.get("divergence"))}</td>',
+                f'<td rowspan="{len(families)}">{links}</td>' if i == 0 else "",
+            ]
+            rows.append("<tr>" + "".join(cells) + "</tr>")
+    errors = [
+        f"<li><b>{html.escape(s['task'])}</b>: {html.escape(e)}</li>"
+        for s in summaries
+        for e in s.get("errors", [])
+    ]
+    meta = summaries[0].get("manifest", {}) if summaries else {}
+    body = (
+        f"<h1>Audit batch <code>{html.escape(str(batch))}</code></h1>\n"
+        f'<p class="muted">Generated {html.escape(_now())} · relaxspec_audit '
+        f"{html.escape(str(meta.get('package_version', '?')))} · git "
+        f"{html.escape(str(meta.get('git_commit') or '?')[:12])}</p>\n"
+        "<p>One row per relaxed rule audited against its reference on the confirmation "
+        "split: the verdict, the chosen setting, the speed-up over the reference rule, the "
+        "accuracy delta in points with its confidence interval, and the share of requests "
+        "whose output differs from the reference (hash divergence).</p>\n"
+        "<table>\n<tr><th>task</th><th>rule</th><th>verdict</th><th>chosen</th>"
+        "<th>speed-up</th><th>accuracy Δ [CI]</th><th>divergence</th><th>reports</th></tr>\n"
+        + "\n".join(rows)
+        + "\n</table>\n"
+        + (f"<h2>Errors</h2>\n<ul>{''.join(errors)}</ul>\n" if errors else "")
+    )
+    out = report_dir / "index.html"
+    out.write_text(_page(f"relaxspec_audit · {batch}", body))
+    return out

@@ -1,0 +1,108 @@
+"""Markdown of a task's audit for the notebooks: choices, the sign-off page, manifest facts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from relaxspec_audit.report.format import _pct, _points, _speed
+
+
+def choices_markdown(choices: Sequence[Mapping[str, Any]]) -> str:
+    """Markdown table of :func:`recommend` results: choice, discovery and confirmation numbers."""
+    if not choices:
+        return "_No relaxed rule among the runs: nothing to choose._"
+    lines = [
+        "| rule | verdict | chosen | split | speed-up vs ref. [CI] | accuracy Δ [CI] "
+        "| non-inferior | divergence |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for c in choices:
+        for split in ("discovery", "confirmation"):
+            row = c.get(split)
+            lines.append(
+                f"| {c['rule']} vs {c['reference']} | **{c['verdict']}** "
+                f"| {c.get('setting') or '–'} "
+                f"| {split} | {_speed(row)} | {_points(row)} "
+                f"| {'–' if not row else row.get('noninferior')} "
+                f"| {_pct(row.get('divergence')) if row else '–'} |"
+            )
+    notes = [f"- {c['rule']}: {r}" for c in choices for r in [*c["reasons"], *c["caveats"]]]
+    return "\n".join(lines + (["", *notes] if notes else []))
+
+
+def signoff_markdown(summary: Mapping[str, Any]) -> str:
+    """The one-page sign-off text of a task summary: verdicts, numbers, caveats."""
+    out = [
+        f"# Sign-off: `{summary['task']}`",
+        "",
+        "The record for deploying a relaxed rule on this task: per rule, the verdict, the "
+        "setting chosen on the discovery split and what it measured on the confirmation split "
+        "against its lossless reference, the caveats, and how the runs were made. "
+        "`summary.json` beside this page holds the same numbers.",
+        "",
+        f"Non-inferiority margin δ = {100 * summary['margin']:g} points, "
+        f"{100 * (1 - summary['alpha']):g}% intervals. Status: **{summary['status']}**.",
+    ]
+    if not summary.get("families"):
+        out += ["", "_No relaxed rule was audited for this task._"]
+    for fam in summary.get("families", []):
+        conf = fam.get("confirmation")
+        out += [
+            "",
+            f"## {fam['rule']} vs {fam['reference']}: **{fam['verdict'].upper()}**",
+            "",
+            f"- chosen {fam['knob']}: **{fam.get('setting') or 'none'}** (on the discovery split)",
+        ]
+        if not fam.get("setting") and fam.get("shown_setting"):
+            out.append(f"- numbers below: the fastest setting, {fam['shown_setting']} (not chosen)")
+        if fam.get("n_required"):
+            out.append(f"- items per split needed for a powered decision: {fam['n_required']}")
+        out.append(f"- speed-up over {fam['reference']} (confirmation): {_speed(conf)}")
+        if conf and conf.get("speedup_vs_baseline") is not None:
+            out.append(f"- speed-up over target-only decoding: {conf['speedup_vs_baseline']:.2f}×")
+        if conf and conf.get("tau") is not None:
+            out.append(
+                f"- tokens per target pass τ: {conf['tau']:.2f} "
+                f"(reference {conf.get('tau_reference') or float('nan'):.2f})"
+            )
+        out += [
+            f"- accuracy delta (confirmation): {_points(conf)}",
+            "- outputs differing from the reference: "
+            + (_pct(conf.get("divergence")) if conf else "–"),
+        ]
+        if conf and conf.get("bound") is not None:
+            out.append(
+                f"- (1 − ε)^T bound {_pct(conf['bound'])} vs measured identical "
+                f"{_pct(conf.get('identical_rate'))}"
+            )
+        for r in fam.get("reasons", []):
+            out.append(f"- why: {r}")
+        for c in fam.get("caveats", []):
+            out.append(f"- caveat: {c}")
+    for e in summary.get("errors", []):
+        out.append(f"- **error**: {e}")
+    return "\n".join(out)
+
+
+def manifest_markdown(facts: Mapping[str, Any]) -> str:
+    """The manifest facts a sign-off states: models, revisions, seeds, versions, commit."""
+    if not facts:
+        return "_No manifest facts (no runs)._"
+    lines = ["| fact | value |", "| --- | --- |"]
+    for i, models in enumerate(facts.get("models", [])):
+        for role in ("target", "draft"):
+            info = models.get(role)
+            if not info:  # target-only runs load no draft
+                continue
+            if isinstance(info, Mapping):
+                desc = ", ".join(f"{k}: {v}" for k, v in info.items() if not isinstance(v, dict))
+            else:
+                desc = str(info)
+            lines.append(f"| {role} model{f' ({i + 1})' if i else ''} | {desc} |")
+    for key in ("seeds", "k", "temperatures", "max_new_tokens", "package_version",
+                "git_commit", "hosts", "n_runs", "statuses", "started_at", "ended_at"):  # fmt: skip
+        lines.append(f"| {key.replace('_', ' ')} | {facts.get(key)} |")
+    for v in facts.get("versions", []):
+        lines.append(f"| versions | {', '.join(f'{k} {x}' for k, x in v.items())} |")
+    return "\n".join(lines)

@@ -1,0 +1,89 @@
+"""Notebook parameter checks: a report notebook refuses bad or undeclared parameters.
+
+papermill only warns about an unknown parameter; the notebooks' validation cell calls
+:func:`validate_parameters`, which raises naming the first bad one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from relaxspec_audit.report.runs import runs_table
+from relaxspec_audit.verify.registry import RULES, TARGET_ONLY
+
+_SPLITS = ("discovery", "confirmation")
+
+
+def validate_parameters(**params: Any) -> None:
+    """Check a notebook's parameters; raise naming the first bad one.
+
+    Known names: ``runs_dir`` (an existing folder with runs of ``task``), ``task``,
+    ``margin`` (≥ 0, score units), ``alpha`` (in (0, 1)), ``thetas`` (non-empty, each in
+    (0, 1]), ``split`` / ``discovery`` / ``confirmation`` (a split name),
+    ``numbers_path`` (str), ``collect`` (bool), ``limit`` / ``k`` / ``max_new_tokens``
+    (int ≥ 1), ``seed`` (int ≥ 0). Unknown names are an error too.
+
+    Raises:
+        ValueError: ``"<name>: <what is wrong>, got <value>"``.
+    """
+
+    def bad(name: str, what: str) -> None:
+        raise ValueError(f"{name}: {what}, got {params[name]!r}")
+
+    for name, value in params.items():
+        if name == "runs_dir":
+            if not isinstance(value, str | Path) or not value:
+                bad(name, "must be a folder")
+            if params.get("collect") is not True and not Path(value).is_dir():
+                bad(name, "must be an existing folder of run folders")
+        elif name == "task":
+            if not isinstance(value, str) or not value:
+                bad(name, "must be a task name")
+        elif name == "rule":
+            if value not in (*RULES, TARGET_ONLY):
+                bad(name, "must be a rule name")
+        elif name == "margin":
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                bad(name, "must be a number >= 0 (score units: 0.02 = 2 points)")
+        elif name == "alpha":
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
+                bad(name, "must be in (0, 1)")
+        elif name == "thetas":
+            if not isinstance(value, list | tuple) or not value:
+                bad(name, "must be a non-empty list")
+            for t in value:
+                if isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t <= 1:
+                    bad(name, f"every θ must be in (0, 1] ({t!r} is not)")
+        elif name in ("split", "discovery", "confirmation"):
+            if value not in _SPLITS:
+                bad(name, f"must be one of {_SPLITS}")
+        elif name == "numbers_path":
+            if not isinstance(value, str | Path):
+                bad(name, "must be a path or ''")
+        elif name == "collect":
+            if not isinstance(value, bool):
+                bad(name, "must be True or False")
+        elif name in ("limit", "k", "max_new_tokens", "seed"):
+            low = 0 if name == "seed" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                bad(name, f"must be an integer >= {low}")
+        elif name == "splits":
+            if not isinstance(value, list | tuple) or not value or set(value) - set(_SPLITS):
+                bad(name, f"must be a non-empty list of {_SPLITS}")
+        elif name == "rules":
+            if not isinstance(value, list) or not value:
+                bad(name, "must be a non-empty list of rule entries")
+        else:
+            raise ValueError(f"{name}: unknown notebook parameter")
+    if "runs_dir" in params and "task" in params and params.get("collect") is not True:
+        from relaxspec_audit.collect import logs
+
+        try:
+            n = runs_table(params["runs_dir"], params["task"]).height
+        except logs.LogError as exc:
+            raise ValueError(f"runs_dir: {exc}") from exc
+        if n == 0:
+            raise ValueError(
+                f"task: no runs of task {params['task']!r} under runs_dir {params['runs_dir']!r}"
+            )

@@ -1,0 +1,220 @@
+"""The runs of a task, read from their manifests: lookup, labels, reference pairing.
+
+A relaxed run is judged against the lossless reference run it pairs with request by
+request (SPEC §3 for which reference, SPEC §4 for the pairing: same task items, seed and
+sampling); :func:`manifest_facts` states how the runs were made, for the sign-off.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from relaxspec_audit.report.jsonio import _jsonable
+from relaxspec_audit.verify import registry
+from relaxspec_audit.verify.registry import LOSSLESS, setting_label
+
+__all__ = ["LOSSLESS", "reference_rule", "runs_table", "setting_label"]
+
+# Config fields two runs must share to be compared request by request (SPEC §4 pairing).
+_PAIR_FIELDS = ("task", "split", "seed", "k", "temperature", "top_k", "top_p",
+                "max_new_tokens", "target", "draft")  # fmt: skip
+
+
+def runs_table(runs_dir: str | Path, task: str | None = None) -> Any:
+    """One row per run folder under ``runs_dir`` (optionally of one task), from manifests.
+
+    Returns:
+        A polars DataFrame with columns ``run_dir, run_id, task, rule, split, knob, value,
+        setting, temperature, seed, k, max_new_tokens, n_requests, status, params``
+        (``params`` as canonical JSON), sorted by rule, value and split.
+
+    Raises:
+        LogError: ``runs_dir`` holds no run folder.
+    """
+    import polars as pl
+
+    from relaxspec_audit.collect import logs
+    from relaxspec_audit.collect.config import task_slug
+
+    rows = []
+    for run_dir in logs.find_runs(runs_dir):
+        manifest = logs.read_manifest(run_dir)
+        cfg = manifest.get("config", {})
+        if task is not None and task_slug(str(cfg.get("task"))) != task_slug(task):
+            continue
+        rule = str(cfg.get("rule"))
+        spec = registry.RULES.get(rule)
+        # Resolved once here: every column below reads the same typed params.
+        params = registry.resolve_params(rule, cfg.get("params")) if spec else None
+        knob = spec.knob if spec else None
+        value = getattr(params, knob) if knob else None
+        rows.append(
+            {
+                "run_dir": str(run_dir),
+                "run_id": manifest.get("run_id"),
+                "task": task_slug(str(cfg.get("task"))),
+                "rule": rule,
+                "split": cfg.get("split"),
+                "knob": knob,
+                "value": float(value) if value is not None else None,
+                "setting": setting_label(rule, params),
+                "temperature": float(cfg.get("temperature", 0.0)),
+                "seed": cfg.get("seed"),
+                "k": cfg.get("k"),
+                "max_new_tokens": cfg.get("max_new_tokens"),
+                "n_requests": manifest.get("n_requests"),
+                "status": manifest.get("status"),
+                "params": json.dumps(registry.params_dict(params), sort_keys=True),
+                "_pair": json.dumps([cfg.get(f) for f in _PAIR_FIELDS]),
+            }
+        )
+    schema = {
+        "run_dir": pl.String, "run_id": pl.String, "task": pl.String, "rule": pl.String,
+        "split": pl.String, "knob": pl.String, "value": pl.Float64, "setting": pl.String,
+        "temperature": pl.Float64, "seed": pl.Int64, "k": pl.Int64, "max_new_tokens": pl.Int64,
+        "n_requests": pl.Int64, "status": pl.String, "params": pl.String, "_pair": pl.String,
+    }  # fmt: skip
+    df = pl.DataFrame(rows, schema=schema)
+    return df.sort(["rule", "value", "split"], nulls_last=True)
+
+
+def reference_rule(rule: str, temperature: float) -> str:
+    """The lossless rule a relaxed rule is judged against (THEORY §3; the registry's)."""
+    spec = registry.RULES.get(rule)
+    return spec.reference_for(temperature) if spec else rule
+
+
+def _match(table: Any, row: Mapping[str, Any], rule: str) -> str | None:
+    """Run folder of ``rule`` that pairs with ``row`` (same task items, seed, sampling)."""
+    import polars as pl
+
+    hit = table.filter((pl.col("rule") == rule) & (pl.col("_pair") == row["_pair"]))
+    return hit["run_dir"][0] if hit.height else None
+
+
+def _baseline(table: Any, row: Mapping[str, Any]) -> str | None:
+    """Target-only run of the same split and length (temperature does not matter for speed)."""
+    import polars as pl
+
+    hit = table.filter(
+        (pl.col("rule") == "target")
+        & (pl.col("split").eq_missing(row["split"]))
+        & (pl.col("max_new_tokens") == row["max_new_tokens"])
+    )
+    return hit["run_dir"][0] if hit.height else None
+
+
+def run_dirs(
+    runs_dir: str | Path,
+    task: str,
+    *,
+    rule: str | None = None,
+    split: str | None = None,
+    speculative: bool = False,
+) -> list[str]:
+    """Run folders of a task, optionally of one rule, one split, or only speculative runs.
+
+    Args:
+        runs_dir: folder of run folders.
+        task: task name.
+        rule: keep only this rule.
+        split: keep only this split.
+        speculative: drop target-only runs (they verify no drafts).
+    """
+    import polars as pl
+
+    table = runs_table(runs_dir, task)
+    if rule is not None:
+        table = table.filter(pl.col("rule") == rule)
+    if split is not None:
+        table = table.filter(pl.col("split") == split)
+    if speculative:
+        table = table.filter(pl.col("rule") != "target")
+    return table["run_dir"].to_list()
+
+
+def label_runs(frame: Any, runs_dir: str | Path, task: str, on: str = "run") -> Any:
+    """Add ``setting``, ``split``, ``value`` (and ``rule``) of each run to a frame keyed by run.
+
+    ``logs.scan`` adds the run id as ``run``, so a scanned table (lazy or not) can be
+    labelled before a statistic groups ``by=["setting"]``.
+    """
+    import polars as pl
+
+    names = frame.collect_schema().names() if isinstance(frame, pl.LazyFrame) else frame.columns
+    keep = ["run_id", *(c for c in ("setting", "split", "value", "rule") if c not in names)]
+    table = runs_table(runs_dir, task).select(keep).rename({"run_id": on})
+    return frame.join(table.lazy() if isinstance(frame, pl.LazyFrame) else table, on=on, how="left")
+
+
+def runs_overview(runs_dir: str | Path, task: str) -> Any:
+    """Runs of a task with their speed (``stats.speed`` per run): what ``collect`` shows."""
+    import polars as pl
+
+    from relaxspec_audit import stats
+    from relaxspec_audit.collect import logs
+
+    table = runs_table(runs_dir, task)
+    dirs = table["run_dir"].to_list()
+    spd = stats.speed(logs.scan(dirs, "rounds"), logs.scan(dirs, "requests"), by=["run"])
+    spd = spd.select("run", "tau_mean", "alpha", "tokens_per_s", "passes_per_token")
+    out = table.join(spd.rename({"run": "run_id"}), on="run_id", how="left")
+    return out.select(
+        "rule", "setting", "split", "temperature", "k", "n_requests", "status",
+        "tau_mean", "alpha", "tokens_per_s", "passes_per_token", "run_id",
+    ).sort(["rule", "setting", "split"]).with_columns(pl.col("tau_mean").round(3))  # fmt: skip
+
+
+def manifest_facts(runs_dir: str | Path, task: str) -> dict[str, Any]:
+    """What a sign-off must state about how the runs were made (from their manifests).
+
+    Returns:
+        ``{"models": {...}, "seeds": [...], "k": [...], "temperatures": [...],
+        "package_version", "git_commit", "versions": {...}, "hosts": [...],
+        "n_runs", "started_at", "ended_at", "statuses": {...}}``; values that differ
+        between runs are listed, not hidden.
+    """
+    from relaxspec_audit.collect import logs
+
+    table = runs_table(runs_dir, task)
+    manifests = [logs.read_manifest(d) for d in table["run_dir"].to_list()]
+
+    def distinct(values: Any) -> list[Any]:
+        out = []
+        for v in values:
+            if v not in out:
+                out.append(v)
+        return out
+
+    models = distinct(
+        json.dumps(m.get("models", {}), sort_keys=True, default=str) for m in manifests
+    )
+    statuses: dict[str, int] = {}
+    for m in manifests:
+        statuses[str(m.get("status"))] = statuses.get(str(m.get("status")), 0) + 1
+    commits = distinct(m.get("git_commit") for m in manifests)
+    versions = distinct(json.dumps(m.get("versions", {}), sort_keys=True) for m in manifests)
+    return _jsonable(
+        {
+            "n_runs": len(manifests),
+            "models": [json.loads(x) for x in models],
+            "seeds": distinct(m.get("config", {}).get("seed") for m in manifests),
+            "k": distinct(m.get("config", {}).get("k") for m in manifests),
+            "temperatures": distinct(m.get("config", {}).get("temperature") for m in manifests),
+            "max_new_tokens": distinct(
+                m.get("config", {}).get("max_new_tokens") for m in manifests
+            ),
+            "package_version": ", ".join(
+                str(v) for v in distinct(m.get("package_version") for m in manifests)
+            ),
+            "git_commit": commits[0] if len(commits) == 1 else commits,
+            "versions": [json.loads(x) for x in versions],
+            "hosts": distinct(m.get("host") for m in manifests),
+            "started_at": min((m.get("started_at") or "" for m in manifests), default=None),
+            "ended_at": max((m.get("ended_at") or "" for m in manifests), default=None),
+            "statuses": statuses,
+        }
+    )
