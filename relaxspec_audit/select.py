@@ -1,4 +1,4 @@
-"""Choosing θ (NSD) or a budget (ASD) and the verdict (SPEC §3), re-exported for notebooks.
+"""Choosing θ (NSD) or a budget (ASD) and the verdict (THEORY §3), re-exported for notebooks.
 
 The code lives in :mod:`relaxspec_audit.audit.select`; this module re-exports it under
 the documented path, so that notebooks and ``from relaxspec_audit import select`` keep

@@ -1,4 +1,4 @@
-"""Audit statistics over schema-v1 logs (SPEC §3), re-exported for notebooks.
+"""Audit statistics over schema-v1 logs (THEORY §3), re-exported for notebooks.
 
 The audit stage lives in :mod:`relaxspec_audit.audit`, one module per idea (frames,
 intervals, anatomy, pairing, accuracy, fidelity, speedup, counterfactual, summary). This

@@ -46,7 +46,7 @@ def make_run(
         rounds: target passes per request.
         k: drafts per block.
         rule: ``exact`` (accept iff the ratio test passes) or ``nucleus`` (also accept
-            inside the θ nucleus, SPEC §2.3).
+            inside the θ nucleus, THEORY §2.3).
         theta: the run's θ (``in_nucleus`` and the nucleus rule).
         theta_grid: θ values of the ``es`` list column.
         seed: numpy seed.

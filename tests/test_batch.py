@@ -135,7 +135,7 @@ def test_small_config_expands_grid_and_splits(tmp_path):
     for r in task.runs:
         by_rule.setdefault(r.rule, []).append(r)
     assert sorted(r.params.theta for r in by_rule["nucleus"]) == [0.8, 0.8, 0.95, 0.95]
-    # Greedy-only rules default to temperature 0 (SPEC §2.2, §2.4); the others keep 1.0.
+    # Greedy-only rules default to temperature 0 (THEORY §2.2, §2.4); the others keep 1.0.
     assert {r.temperature for r in by_rule["asd"] + by_rule["greedy"]} == {0}
     assert {r.temperature for r in by_rule["nucleus"]} == {1.0}
     assert {r.split for r in task.runs} == {"discovery", "confirmation"}

@@ -36,7 +36,7 @@ def _clustered_rejections(rng: np.random.Generator, reps: int, g: int, mu: float
             "kind": "draft",
             "cause": "reject_ratio",
             "passed_ratio": False,
-            # mass_above < 0.95 ⇔ inside the θ = 0.95 nucleus (SPEC §2.3).
+            # mass_above < 0.95 ⇔ inside the θ = 0.95 nucleus (THEORY §2.3).
             "mass_above": np.where(inside, 0.5, 0.99),
             "rank": 1,
         }
@@ -73,7 +73,7 @@ def _paired_binary(rng: np.random.Generator, reps: int, n: int, samples: int, de
 
     Item difficulty ``π_i`` (logit-normal around 0.6) is shared by both arms and all
     samples of the item (clustering); the relaxed arm succeeds with ``π_i + delta``.
-    Arms share the uniform of each (item, sample) — coupled randomness (SPEC §4) — so
+    Arms share the uniform of each (item, sample) — coupled randomness (THEORY §4) — so
     outcomes are positively correlated within a pair.
     """
     logit = np.log(0.6 / 0.4) + rng.normal(0, 1.0, (reps, n))

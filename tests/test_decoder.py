@@ -1,6 +1,6 @@
 """The logging speculative decoder (collect.py) on tiny random Llama and Qwen2 pairs.
 
-Checks SPEC §1 (rounds, KV-cache rollback), §2.1 (exact is lossless), §2.2/§2.4 (greedy and
+Checks THEORY §1 (rounds, KV-cache rollback), §2.1 (exact is lossless), §2.2/§2.4 (greedy and
 ASD with B = 0 reproduce the target's greedy output), §4 (coupled randomness), and the log
 invariants of DESIGN "Logs" (every emitted token logged once, accepted lengths).
 """
@@ -213,7 +213,7 @@ def _chi2_pvalue(counts: np.ndarray, probs: np.ndarray, min_expected: float = 5.
 
 
 def _broken_exact(block, params, state):
-    """`exact` with the classic bug of SPEC §2.1: recovery sampled from p, not (p − q)_+."""
+    """`exact` with the classic bug of THEORY §2.1: recovery sampled from p, not (p − q)_+."""
     res = rules.RULES["exact"].fn(block, params, state)
     rows = torch.arange(res.accepted.shape[0])
     p_row = block.p[rows, res.accepted]
@@ -232,7 +232,7 @@ def _first_tokens(pair, prompt, cfg, n_req, rule_fn=None) -> np.ndarray:
 
 
 def test_exact_is_lossless_in_distribution_and_broken_variant_fails(tiny_qwen2_pair):
-    """Chi-square of the first 3 emitted tokens vs the exact target marginals (SPEC §2.1).
+    """Chi-square of the first 3 emitted tokens vs the exact target marginals (THEORY §2.1).
 
     n = 500 requests, K = 2 (token 3 is a bonus or a second-round token). The broken
     variant (recovery from p) must be rejected by the same test: it shows the test has power.
@@ -369,7 +369,7 @@ def test_truncated_round_logs_only_emitted(tiny_llama_pair):
 def test_batched_position_stats_equal_the_rule_full_diagnostics(
     tiny_qwen2_pair, monkeypatch, rule, temperature
 ):
-    """Logged draft rows equal the rule's own full diagnostics of that round (SPEC §2).
+    """Logged draft rows equal the rule's own full diagnostics of that round (THEORY §2).
 
     The decoder verifies with ``diagnostics=False`` and computes the statistics later,
     batched over rounds; here every round's block is re-run in full mode and compared,
@@ -680,7 +680,7 @@ def test_collect_in_process_and_summary(tiny_qwen2_pair, tmp_path):
 
 @pytest.mark.parametrize("scale", [0.1, 1.0, 4.0])
 def test_es_grid_topm_equals_full_es_grid(scale):
-    """The top-m shortcut for E_S (SPEC §2.3) is exact, flat rows included (fallback)."""
+    """The top-m shortcut for E_S (THEORY §2.3) is exact, flat rows included (fallback)."""
     grid = [0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99]
     gen = torch.Generator().manual_seed(1)
     z = torch.randn(4, 3, 700, generator=gen) * scale

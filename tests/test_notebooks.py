@@ -3,7 +3,7 @@
 One batch (``batch.run_batch``) renders all five notebooks for one task, one kernel start
 per notebook, on schema-v1 runs written by the real ``logs.RunWriter`` (``test_batch``'s
 fixture). Each notebook writes the key numbers it shows through ``report.save_numbers``;
-the tests recompute them with the package functions (SPEC §3 statistics from ``stats``,
+the tests recompute them with the package functions (THEORY §3 statistics from ``stats``,
 the discovery → confirmation choice from ``report``) and compare.
 
 Also enforced here: committed notebooks carry no outputs and no execution counts, have a
@@ -179,7 +179,7 @@ def test_rejection_anatomy_numbers(rendered):
     shown = [r for r in numbers["rejected_in_nucleus"] if r["measure"] == "nucleus"]
     assert [r["theta"] for r in shown] == expected["theta"].to_list()
     assert [r["fraction"] for r in shown] == pytest.approx(expected["fraction"].to_list())
-    # SPEC §2.3: the nucleus grows with θ, so the share is non-decreasing in θ.
+    # THEORY §2.3: the nucleus grows with θ, so the share is non-decreasing in θ.
     fr = [r["fraction"] for r in shown]
     assert all(a <= b + 1e-12 for a, b in itertools.pairwise(fr))
 
@@ -194,7 +194,7 @@ def test_fidelity_numbers(rendered, expected_audit):
         got = [x if x is not None else float("nan") for x in shown[col].to_list()]
         want = expected[col].fill_null(float("nan")).to_list()
         assert got == pytest.approx(want, nan_ok=True), col
-    # Cross-check one pairing against stats directly (SPEC §3 accuracy delta, paired).
+    # Cross-check one pairing against stats directly (THEORY §3 accuracy delta, paired).
     row = expected.filter(pl.col("setting") == "nucleus θ=0.8").row(0, named=True)
     acc = stats.accuracy_delta(
         logs.scan([row["run_dir"]], "requests"),

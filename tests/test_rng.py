@@ -1,4 +1,4 @@
-"""Keyed uniforms and inverse-CDF sampling (SPEC §4)."""
+"""Keyed uniforms and inverse-CDF sampling (THEORY §4)."""
 
 import subprocess
 import sys

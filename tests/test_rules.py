@@ -1,4 +1,4 @@
-"""Verification rules: Monte Carlo against theory, hand-computed blocks, diagnostics (SPEC §2)."""
+"""Verification rules: Monte Carlo against theory, hand-computed blocks, diagnostics (THEORY §2)."""
 
 import dataclasses
 import math
@@ -25,7 +25,7 @@ N = 30_000
 # With at most 7 degrees of freedom (V ≤ 8) the power ncx2.sf(chi2.isf(α, df), df, λ) is
 # ≥ 0.99; test_chi_square_power asserts this number.
 
-P_EX = [0.5, 0.3, 0.2]  # SPEC §2.1 worked example
+P_EX = [0.5, 0.3, 0.2]  # THEORY §2.1 worked example
 Q_EX = [0.7, 0.2, 0.1]
 _r = np.random.default_rng(42)
 P8 = _r.dirichlet(np.full(8, 0.7))
@@ -110,7 +110,7 @@ def test_simulated_output_matches_theory(case):
 
 
 def test_wrong_recovery_is_rejected(monkeypatch):
-    """The classic bug (SPEC §2.1): recovery drawn from p instead of (p − q)_+ is caught."""
+    """The classic bug (THEORY §2.1): recovery drawn from p instead of (p − q)_+ is caught."""
     p, q = [0.5, 0.3, 0.2], [0.53, 0.27, 0.2]  # R = .03, residual = [0, 1, 0]
     right = simulate_position("exact", p, q, N, seed=1)
     assert _chi_square_pvalue(right, p) > ALPHA
@@ -136,7 +136,7 @@ def test_theory_shifted_by_tv_002_is_rejected(case):
 
 
 def test_exact_reproduces_p_nucleus_deviates_by_es():
-    """SPEC §2.3: the empirical TV(output, p) of nucleus is E_S (and exact's is ~0)."""
+    """THEORY §2.3: the empirical TV(output, p) of nucleus is E_S (and exact's is ~0)."""
     x = simulate_position("exact", P8, Q8, N, seed=3)
     emp = np.bincount(x, minlength=8) / N
     assert theory.tv(emp / emp.sum(), P8) < 0.02
@@ -200,7 +200,7 @@ def test_nucleus_accepts_inside_nucleus_only():
         assert bool(res.diag["in_nucleus"][0, 0]) == bool(acc)
 
 
-# ASD (SPEC §2.4). Logits rows put the argmax on token 0 with regret r for token 1.
+# ASD (THEORY §2.4). Logits rows put the argmax on token 0 with regret r for token 1.
 def _asd_logits(regrets, v=4):
     """[K+1, V] logits: argmax token 0 (logit 5), token 1 at 5 − r_i, others far below."""
     rows = [[5.0, 5.0 - r, -10.0, -10.0][:v] for r in regrets]

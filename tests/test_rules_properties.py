@@ -1,4 +1,4 @@
-"""Property-based checks of the block rules (hypothesis; SPEC §2, ARCHITECTURE `rules.py`)."""
+"""Property-based checks of the block rules (hypothesis; THEORY §2, ARCHITECTURE `rules.py`)."""
 
 import pytest
 import torch
@@ -84,7 +84,7 @@ def test_structure_of_every_rule(block, rule):
 @SETTINGS
 @given(blocks(), st.sampled_from([0.3, 0.8, 0.95, 1.0]))
 def test_relaxations_accept_a_superset_of_exact(block, theta):
-    """Same uniforms: nucleus/topk/margin accept every position exact accepts (SPEC §2.3, §2.5)."""
+    """Same uniforms: nucleus/topk/margin accept every position exact accepts (THEORY §2.3, §2.5)."""
     exact = _run("exact", block)
     for rule, kw in (("nucleus", {"theta": theta}), ("topk", {}), ("margin", {})):
         res = _run(rule, block, **kw)
@@ -119,7 +119,7 @@ def test_greedy_emits_target_argmax(block):
     st.floats(0.0, 10.0),
 )
 def test_asd_bounds(block, budget, gate, cap, spent):
-    """ASD ⊇ greedy; spends only within budget; ledger += C_a (SPEC §2.4)."""
+    """ASD ⊇ greedy; spends only within budget; ledger += C_a (THEORY §2.4)."""
     state = torch.full((block.drafts.shape[0],), spent, dtype=torch.float64)
     prm = make_params("asd", budget=budget, gate=gate, cap=cap)
     res = rules.RULES["asd"].fn(block, prm, state)

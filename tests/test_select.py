@@ -1,4 +1,4 @@
-"""Frontier, non-inferior choice, discovery → confirmation and the Verdict (SPEC §3)."""
+"""Frontier, non-inferior choice, discovery → confirmation and the Verdict (THEORY §3)."""
 
 from __future__ import annotations
 

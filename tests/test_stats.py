@@ -1,6 +1,6 @@
 """Estimators of relaxspec_audit.stats against hand computations and statsmodels/scipy.
 
-Each test names the SPEC section (or docs/STATISTICS.md formula) it checks.
+Each test names the THEORY section (or docs/STATISTICS.md formula) it checks.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def test_cluster_bootstrap_close_to_cr1_and_reproducible():
     assert b1["ci_low"] < b1["estimate"] < b1["ci_high"]
 
 
-# --- rejection anatomy (SPEC §3, §2.3 mass_above < θ) ----------------------------------
+# --- rejection anatomy (THEORY §3, §2.3 mass_above < θ) ----------------------------------
 
 
 def _anatomy_frame() -> pl.DataFrame:
@@ -136,7 +136,7 @@ def test_missing_cluster_key_is_a_clear_error():
         S.rejection_anatomy(_anatomy_frame(), method="jackknife")
 
 
-# --- entropy gaps (SPEC §3) -------------------------------------------------------------
+# --- entropy gaps (THEORY §3) -------------------------------------------------------------
 
 
 def test_entropy_gaps_hand_means():
@@ -171,7 +171,7 @@ def test_entropy_gaps_empty_subset_has_rows():
     assert extra["mean"].is_null().all()
 
 
-# --- accuracy deltas (SPEC §3) ----------------------------------------------------------
+# --- accuracy deltas (THEORY §3) ----------------------------------------------------------
 
 
 def _req(scores: list[float], run: str, items: list[str] | None = None) -> pl.DataFrame:
@@ -225,7 +225,7 @@ def test_accuracy_delta_matches_scipy_statsmodels():
 
 
 def test_noninferiority_with_no_discordant_pair_is_not_certain():
-    # SPEC §3 non-inferiority: 30 identical binary outcomes do not prove delta > −0.05
+    # THEORY §3 non-inferiority: 30 identical binary outcomes do not prove delta > −0.05
     # (a discordant rate of 5% would give no discordant pair with probability 0.95^30 ≈ 0.21).
     # Tango's Z = 30·0.05 / √(30·(2·0.05 − 0.05·1.05)) = 1.2566 → p = 0.1045.
     same = np.array([1.0] * 20 + [0.0] * 10)
@@ -274,7 +274,7 @@ def test_pairing_without_common_items_is_an_error():
         S.accuracy_delta(_req([1.0], "a"), _req([1.0], "b").drop("score"))
 
 
-# --- hash divergence (SPEC §3) ----------------------------------------------------------
+# --- hash divergence (THEORY §3) ----------------------------------------------------------
 
 
 def test_hash_divergence_wilson_and_first_position():
@@ -298,7 +298,7 @@ def test_hash_divergence_wilson_and_first_position():
     assert res["first_pos_median"] == 2.0
 
 
-# --- deviation accounting (SPEC §2.3) --------------------------------------------------
+# --- deviation accounting (THEORY §2.3) --------------------------------------------------
 
 
 def test_deviation_accounting_hand_values():
@@ -320,11 +320,11 @@ def test_deviation_accounting_hand_values():
     assert per["bound_mean"].to_list() == pytest.approx([0.8**2, 0.8])
     res = S.deviation_accounting(df, 1).row(0, named=True)
     assert res["eps_max"] == pytest.approx(0.3) and res["identical_rate"] is None
-    # SPEC §2.3 worked example: ε = 0.001, T = 32 → bound 96.85%.
+    # THEORY §2.3 worked example: ε = 0.001, T = 32 → bound 96.85%.
     assert (1 - 0.001) ** 32 == pytest.approx(0.9685, abs=5e-5)
 
 
-# --- speed (SPEC §1) --------------------------------------------------------------------
+# --- speed (THEORY §1) --------------------------------------------------------------------
 
 
 def test_expected_tau_and_modelled_speedup_spec_examples():
@@ -391,7 +391,7 @@ def test_paired_speedup_delta_method_vs_bootstrap():
     assert res["ci_high"] == pytest.approx(hi, rel=0.01)
 
 
-# --- counterfactual NSD sweep (SPEC §2.3, DESIGN "not_reached") ------------------------
+# --- counterfactual NSD sweep (THEORY §2.3, DESIGN "not_reached") ------------------------
 
 
 def _replay(positions: pl.DataFrame, theta: float) -> tuple[float, float]:

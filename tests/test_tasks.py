@@ -1,4 +1,4 @@
-"""Task loading, bundled suites and scorers (DESIGN "tasks.py"; SPEC §3 splits)."""
+"""Task loading, bundled suites and scorers (DESIGN "tasks.py"; THEORY §3 splits)."""
 
 from __future__ import annotations
 
@@ -253,7 +253,7 @@ def humaneval_0():
 
 
 def test_code_scorer_cuts_a_correct_body_that_runs_on(humaneval_0):
-    # SPEC-independent scorer behaviour: the standard HumanEval stop sequences (Chen et al.
+    # Scorer behaviour independent of THEORY: the standard HumanEval stop sequences (Chen et al.
     # 2021). Without the cut, the unfinished second def / the NameError in print() fails.
     body = humaneval_0.reference
     task = load_task("humaneval", limit=1)

@@ -1,11 +1,11 @@
-"""Exact single-position theory and block-level formulas (SPEC §1, §2)."""
+"""Exact single-position theory and block-level formulas (THEORY §1, §2)."""
 
 import numpy as np
 import pytest
 
 from relaxspec_audit import theory
 
-P_EX = np.array([0.5, 0.3, 0.2])  # SPEC §2.1 worked example
+P_EX = np.array([0.5, 0.3, 0.2])  # THEORY §2.1 worked example
 Q_EX = np.array([0.7, 0.2, 0.1])
 
 
@@ -33,7 +33,7 @@ def test_exact_reproduces_p_and_acceptance_is_one_minus_r():
 
 
 def test_nucleus_tv_equals_es_at_most_r():
-    """SPEC §2.3: TV(P, p) = E_S <= R exactly; acceptance 1 − R + E_S."""
+    """THEORY §2.3: TV(P, p) = E_S <= R exactly; acceptance 1 − R + E_S."""
     rng = np.random.default_rng(1)
     cases = [_random_pair(rng, v) for v in (3, 8, 40) for _ in range(5)]
     cases += [(P_EX, Q_EX), (np.array([0.5, 0.5, 0, 0]), np.array([0, 0, 0.6, 0.4]))]
@@ -149,7 +149,7 @@ def test_spec_1_expected_tokens_and_speedup():
 
 def test_spec_2_3_identical_output_bound():
     b = theory.identical_output_bound(0.001, 32)
-    # SPEC rounds 0.999^32 = 0.968491 to "96.85%".
+    # THEORY §2.3.4 rounds 0.999^32 = 0.968491 to "96.849 %".
     assert b == pytest.approx(0.9685, abs=5e-5) and b == pytest.approx(0.999**32)
     assert theory.identical_output_bound(0.0, 100) == 1.0
     np.testing.assert_allclose(theory.identical_output_bound(np.array([0.0, 0.5]), 2), [1, 0.25])

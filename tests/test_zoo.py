@@ -3,7 +3,7 @@
 Loads both models offline exactly as a user's models are loaded, checks the tokenizer
 contract the decoder relies on, and re-measures the model card's numbers on a small
 sample: greedy correctness per item (deterministic) and the `exact`-rule acceptance
-α = Σ_x min(p, q) (SPEC §2.1) on the card's check sample.
+α = Σ_x min(p, q) (THEORY §2.1) on the card's check sample.
 """
 
 from __future__ import annotations

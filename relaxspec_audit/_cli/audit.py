@@ -79,7 +79,7 @@ def format_table(s: dict[str, Any]) -> str:
     kv("acceptance rate α", _fmt(s["acceptance_rate"]))
     kv("mean K", _fmt(s["k_mean"]))
     kv("verification share of time", _fmt(s["verify_share"]))
-    kv("modelled speedup (SPEC §1)", _fmt(s["modelled_speedup"]))
+    kv("modelled speedup (THEORY §1)", _fmt(s["modelled_speedup"]))
     kv("target passes per token", _fmt(s.get("passes_per_token")))
     kv("tokens / s", _fmt(s.get("tokens_per_s")))
     for key in ("speedup_vs_reference", "speedup_vs_baseline"):
@@ -104,7 +104,7 @@ def format_table(s: dict[str, Any]) -> str:
         kv("first divergent position", f"median {_fmt(h['first_pos_median'])}")
     if "deviation" in s:
         d = s["deviation"]
-        section(f"Deviation accounting at θ = {d['theta']} (SPEC §2.3)")
+        section(f"Deviation accounting at θ = {d['theta']} (THEORY §2.3)")
         kv("mean ε per request", _fmt(d["eps_mean"]))
         kv("bound Π(1 − ε_t), mean", _fmt(d["bound_product"]))
         kv("identical-output rate", f"{_fmt(d.get('identical_rate'))} {_ci(d)}")

@@ -1,4 +1,4 @@
-"""The audit stage: statistics over schema-v1 logs and the choice of a setting (SPEC §3).
+"""The audit stage: statistics over schema-v1 logs and the choice of a setting (THEORY §3).
 
 Frames of the log tables in, small tidy polars frames out; every interval on positions
 is clustered by request. One module per idea:

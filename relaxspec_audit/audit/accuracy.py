@@ -1,4 +1,4 @@
-"""Paired accuracy delta of a relaxed run vs its reference, with tests (SPEC §3).
+"""Paired accuracy delta of a relaxed run vs its reference, with tests (THEORY §3).
 
 On per-item score differences (items paired by :mod:`relaxspec_audit.audit.pairing`):
 the paired t interval, McNemar's exact test (statsmodels), paired t and Wilcoxon tests,
@@ -23,7 +23,7 @@ from relaxspec_audit.audit.frames import Frame
 from relaxspec_audit.audit.pairing import pair_requests
 
 # ----------------------------------------------------------------------------------------
-# Accuracy deltas (SPEC §3 "Accuracy delta")
+# Accuracy deltas (THEORY §3 "Accuracy delta")
 # ----------------------------------------------------------------------------------------
 
 
@@ -113,7 +113,7 @@ def accuracy_delta(
     alpha: float = 0.05,
     correction: Literal["holm", "fdr_bh"] = "holm",
 ) -> pl.DataFrame:
-    """Paired accuracy delta (relaxed − reference) per group, with tests (SPEC §3).
+    """Paired accuracy delta (relaxed − reference) per group, with tests (THEORY §3).
 
     Requests are paired by item (:func:`pair_requests`); scores are averaged per item
     over its samples so that items are the independent units — the cluster-robust mean

@@ -1,9 +1,9 @@
-"""Rejection anatomy: where the drafts the ratio test rejects lie (SPEC §3).
+"""Rejection anatomy: where the drafts the ratio test rejects lie (THEORY §3).
 
-Among draft positions the ``exact`` ratio test rejects (SPEC §2.1): the share inside the
-target's θ nucleus (SPEC §3 "Rejected-in-nucleus fraction", ``x ∈ N_θ ⇔ mass_above < θ``,
-SPEC §2.3) and in its top-k, and the draft and target entropies and their gap on the
-rejected and the extra-accepted positions (SPEC §3 "Entropy gap"). Each share or mean is
+Among draft positions the ``exact`` ratio test rejects (THEORY §2.1): the share inside the
+target's θ nucleus (THEORY §3 "Rejected-in-nucleus fraction", ``x ∈ N_θ ⇔ mass_above < θ``,
+THEORY §2.3) and in its top-k, and the draft and target entropies and their gap on the
+rejected and the extra-accepted positions (THEORY §3 "Entropy gap"). Each share or mean is
 a ratio of sums clustered by request (:mod:`relaxspec_audit.audit.intervals`; Cameron &
 Miller 2015; Miller 2024, "Adding Error Bars to Evals", App. A).
 
@@ -22,12 +22,12 @@ from relaxspec_audit.audit.intervals import _long, _ratio, clustered_ratio
 
 #: θ grid of the rejection anatomy when the caller gives none.
 DEFAULT_THETA_GRID: tuple[float, ...] = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
-#: k values of the top-k share of rejected drafts (SPEC §3).
+#: k values of the top-k share of rejected drafts (THEORY §3).
 TOPK: tuple[int, ...] = (1, 5, 10)
 
 
 # ----------------------------------------------------------------------------------------
-# Rejection anatomy (SPEC §3 "Rejected-in-nucleus fraction")
+# Rejection anatomy (THEORY §3 "Rejected-in-nucleus fraction")
 # ----------------------------------------------------------------------------------------
 
 
@@ -47,7 +47,7 @@ def rejection_anatomy(
     """Where drafts rejected by the ratio test lie in the target distribution.
 
     Among draft positions with ``passed_ratio == False`` (the drafts ``exact`` rejects,
-    SPEC §2.1), the share inside the θ nucleus, ``x ∈ N_θ ⇔ mass_above < θ`` (SPEC §2.3,
+    THEORY §2.1), the share inside the θ nucleus, ``x ∈ N_θ ⇔ mass_above < θ`` (THEORY §2.3,
     no re-run needed), for every θ, and the share in the target's top-k (``rank ≤ k``).
     Each share is a clustered ratio of sums (:func:`clustered_ratio`, or
     :func:`cluster_bootstrap_ratio` with ``method="bootstrap"``).
@@ -112,7 +112,7 @@ def rejection_anatomy(
 
 
 # ----------------------------------------------------------------------------------------
-# Entropy gaps (SPEC §3 "Entropy gap")
+# Entropy gaps (THEORY §3 "Entropy gap")
 # ----------------------------------------------------------------------------------------
 
 SUBSETS = ("all", "rejected", "extra_accepted")
@@ -130,7 +130,7 @@ def entropy_gaps(
 
     Subsets of draft positions: ``all``; ``rejected`` (``~passed_ratio``); and
     ``extra_accepted`` (``accepted & ~passed_ratio``: what a relaxed rule accepted that
-    the ratio test rejected, SPEC §3). Each mean is a clustered ratio of sums
+    the ratio test rejected, THEORY §3). Each mean is a clustered ratio of sums
     ``Σ_g Σ_i H_i / Σ_g n_g`` with a CR1 interval (:func:`clustered_ratio`).
 
     Args:

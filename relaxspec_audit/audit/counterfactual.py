@@ -1,7 +1,7 @@
 """Counterfactual NSD sweep: NSD at every θ replayed from ONE ``exact`` run (first-order).
 
 Every draft position of a block is logged with ``passed_ratio`` and ``mass_above`` from
-the same target pass, so NSD's decision at any θ (SPEC §2.3: accept iff the ratio test
+the same target pass, so NSD's decision at any θ (THEORY §2.3: accept iff the ratio test
 passed or ``mass_above < θ``) can be replayed block by block without a new run. The
 replay is first-order: NSD would have emitted different tokens after its first extra
 acceptance, so later blocks differ in a real NSD run (columns are suffixed ``_fo``).
@@ -41,7 +41,7 @@ def counterfactual_nsd(
 
     Every draft position of the block is logged, including ``not_reached`` ones, with
     its ``u``, ``passed_ratio`` and ``mass_above`` from the same target pass. NSD at θ
-    accepts position ``i`` iff ``passed_ratio_i ∨ mass_above_i < θ`` (SPEC §2.3) and the
+    accepts position ``i`` iff ``passed_ratio_i ∨ mass_above_i < θ`` (THEORY §2.3) and the
     accepted length is the longest all-true prefix. Position ``i`` fails at θ iff
     ``θ ≤ t_i`` with ``t_i = mass_above_i`` if the ratio test failed, ``−∞`` otherwise;
     so ``i`` is accepted iff ``θ > m_i = max_{j ≤ i} t_j`` (one prefix-max window for all

@@ -1,11 +1,11 @@
-"""Output fidelity: does a relaxed run reproduce its reference's output (SPEC §2.3, §3)?
+"""Output fidelity: does a relaxed run reproduce its reference's output (THEORY §2.3, §3)?
 
-Measured: the share of requests whose output differs from the reference run's (SPEC §3
+Measured: the share of requests whose output differs from the reference run's (THEORY §3
 "Hash divergence"), with a Wilson interval (Wilson 1927; statsmodels
 ``proportion_confint``), and where the outputs first differ. Bounded: under coupled
-randomness (SPEC §4) an NSD run reproduces the ``exact`` run's output with probability
+randomness (THEORY §4) an NSD run reproduces the ``exact`` run's output with probability
 ``≥ Π_t (1 − ε_t)``, from the per-step deviations ``E_S`` logged at each θ of the run's
-grid (SPEC §2.3, deviation accounting); :func:`deviation_accounting` sets the two side
+grid (THEORY §2.3, deviation accounting); :func:`deviation_accounting` sets the two side
 by side. Means over positions are clustered by request
 (:func:`relaxspec_audit.audit.intervals.clustered_ratio`, CR1; Cameron & Miller 2015).
 
@@ -24,7 +24,7 @@ from relaxspec_audit.audit.intervals import clustered_ratio
 from relaxspec_audit.audit.pairing import pair_requests
 
 # ----------------------------------------------------------------------------------------
-# Hash divergence (SPEC §3 "Hash divergence")
+# Hash divergence (THEORY §3 "Hash divergence")
 # ----------------------------------------------------------------------------------------
 
 
@@ -91,7 +91,7 @@ def hash_divergence(
     by: Sequence[str] = ("task",),
     alpha: float = 0.05,
 ) -> pl.DataFrame:
-    """Share of requests whose output differs from the reference run's (SPEC §3).
+    """Share of requests whose output differs from the reference run's (THEORY §3).
 
     ``rate = n_diverged / n``, Wilson score interval (Wilson 1927; statsmodels
     ``proportion_confint(method="wilson")``); requests are the independent units here.
@@ -136,7 +136,7 @@ def hash_divergence(
 
 
 # ----------------------------------------------------------------------------------------
-# Deviation accounting (SPEC §2.3, §3)
+# Deviation accounting (THEORY §2.3, §3)
 # ----------------------------------------------------------------------------------------
 
 
@@ -186,7 +186,7 @@ def deviation_per_request(
     such decision): ``eps_mean = mean E_S`` (ε of the request), ``eps_max``, ``steps``
     (number of decisions T), ``log_bound = Σ log(1 − E_S)`` so that
     ``exp(log_bound) = Π_t (1 − ε_t)`` is the coupling lower bound on producing the
-    exact run's output, and ``bound_mean = (1 − eps_mean)^T`` (SPEC §2.3, as printed).
+    exact run's output, and ``bound_mean = (1 − eps_mean)^T`` (THEORY §2.3, as printed).
 
     Returns:
         Columns ``*by, request_id, steps, eps_mean, eps_max, bound_product, bound_mean``.
@@ -218,7 +218,7 @@ def deviation_by_position(
     cluster: str = CLUSTER,
     alpha: float = 0.05,
 ) -> pl.DataFrame:
-    """Mean per-position ``E_S`` at the run's θ by position in the block (SPEC §2.3).
+    """Mean per-position ``E_S`` at the run's θ by position in the block (THEORY §2.3).
 
     Over reached draft positions: ``E_S`` is the TV distance between NSD's output
     distribution and ``p`` at that position (``TV(P, p) = E_S``); its mean at each
@@ -257,9 +257,9 @@ def deviation_accounting(
     alpha: float = 0.05,
     divergence: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
-    """ε per request and the ``(1 − ε)^T`` bound vs the identical-output rate (SPEC §2.3).
+    """ε per request and the ``(1 − ε)^T`` bound vs the identical-output rate (THEORY §2.3).
 
-    Under coupled randomness (SPEC §4) an NSD run reproduces the ``exact`` run's output
+    Under coupled randomness (THEORY §4) an NSD run reproduces the ``exact`` run's output
     with probability ``≥ Π_t (1 − ε_t) ≥ (1 − max ε)^T``. The measured identical-output
     rate is ``1 − hash divergence`` against the reference ``exact`` run (Wilson CI).
     The bound "holds" when the interval's upper end is at least the mean bound.

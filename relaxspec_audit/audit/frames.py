@@ -1,6 +1,6 @@
 """Log tables as polars frames: the frame type, the cluster key, runs, plain JSON values.
 
-Every audit statistic (SPEC §3) takes polars frames (``DataFrame`` or ``LazyFrame``) of
+Every audit statistic (THEORY §3) takes polars frames (``DataFrame`` or ``LazyFrame``) of
 the log tables (docs/ARCHITECTURE.md, "Logs") and returns a small tidy ``DataFrame``.
 Observations are clustered by request (positions of one request share a prompt, a
 prefix and a random stream), so every statistic on positions requires the cluster key

@@ -1,4 +1,4 @@
-"""Clustered intervals for a ratio of sums ``r = Σ_g y_g / Σ_g n_g`` (SPEC §3).
+"""Clustered intervals for a ratio of sums ``r = Σ_g y_g / Σ_g n_g`` (THEORY §3).
 
 Observations are clustered by request, so every interval on positions is clustered:
 the frames are first reduced with polars ``group_by`` to per-cluster numerators and

@@ -1,6 +1,6 @@
 """Pairing two runs' requests on the same task items, sample by sample.
 
-The paired statistics of SPEC §3 (accuracy delta, hash divergence, paired speedup)
+The paired statistics of THEORY §3 (accuracy delta, hash divergence, paired speedup)
 compare a relaxed run with its reference (or a baseline) item by item; this module
 builds those pairs once, the same way for all of them.
 

@@ -1,6 +1,6 @@
 """Choosing θ (NSD) or a budget (ASD): the frontier, the non-inferior choice, the verdict.
 
-SPEC §3 "Choosing θ or a budget": over a grid of settings, the frontier of speed vs
+THEORY §3 "Choosing θ or a budget": over a grid of settings, the frontier of speed vs
 accuracy delta (each with an interval); the recommendation is the fastest setting that is
 non-inferior at margin δ (and, optionally, whose mean per-token deviation ε stays under a
 cap), chosen on the ``discovery`` split and re-tested on the disjoint ``confirmation``
@@ -32,7 +32,7 @@ Status = Literal["PASS", "FAIL", "INCONCLUSIVE"]
 
 @dataclass(frozen=True)
 class Verdict:
-    """The sign-off of a relaxed setting (SPEC §3).
+    """The sign-off of a relaxed setting (THEORY §3).
 
     Attributes:
         status: ``PASS`` (non-inferior at the margin on the confirmation split, with
@@ -164,7 +164,7 @@ def frontier(
     alpha: float = 0.05,
     eps: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
-    """Speedup vs accuracy delta, one row per setting, with intervals (SPEC §3).
+    """Speedup vs accuracy delta, one row per setting, with intervals (THEORY §3).
 
     For each setting (the distinct values of ``setting_cols`` in ``requests``), the
     paired accuracy delta against the reference over all its items (tasks pooled; item
@@ -205,7 +205,7 @@ def frontier(
         spd = paired_speedup(part, ref, by=[], alpha=alpha).row(0, named=True)
         tau = None
         if {"n_tokens", "target_passes"} <= set(part.columns):
-            # Tokens per target pass over the setting's requests (SPEC §1, τ).
+            # Tokens per target pass over the setting's requests (THEORY §1, τ).
             tau = float(part["n_tokens"].sum()) / max(float(part["target_passes"].sum()), 1.0)
         row = dict(zip(cols, key, strict=True))
         row.update(
@@ -239,7 +239,7 @@ def _fastest(df: pl.DataFrame, setting_cols: Sequence[str] = ()) -> dict[str, An
 
     τ is a deterministic function of the logs; within one rule family the draft and K are
     fixed, so the cost of a target pass plus its draft passes is about the same for every
-    setting and τ orders them as the modelled speedup ``τ / (1 + K·c)`` does (SPEC §1).
+    setting and τ orders them as the modelled speedup ``τ / (1 + K·c)`` does (THEORY §1).
     Settings with equal τ (typically identical outputs) are ordered by the larger accuracy
     delta, the smaller deviation ``eps`` (when given), then the smaller setting values:
     all functions of the logs, so the same logs always give the same choice. Wall-clock
@@ -280,7 +280,7 @@ def recommend(
 ) -> Verdict:
     """The fastest non-inferior setting, chosen on discovery, confirmed on confirmation.
 
-    Steps (SPEC §3):
+    Steps (THEORY §3):
 
     1. Split requests and reference by ``split_col``; the two splits must not share an
        item (else ``ValueError``).

@@ -1,7 +1,7 @@
-"""Speed of a run (SPEC §1, §3 "Speed"): τ, acceptance, modelled and paired speedups.
+"""Speed of a run (THEORY §1, §3 "Speed"): τ, acceptance, modelled and paired speedups.
 
-SPEC §1 (``E[τ] = (1 − α^{K+1}) / (1 − α)`` for i.i.d. acceptance α and the modelled
-speedup ``E[τ] / (1 + K·c)``) and SPEC §3 "Speed": the measured τ and acceptance with
+THEORY §1 (``E[τ] = (1 − α^{K+1}) / (1 − α)`` for i.i.d. acceptance α and the modelled
+speedup ``E[τ] / (1 + K·c)``) and THEORY §3 "Speed": the measured τ and acceptance with
 intervals clustered by request (CR1; Cameron & Miller 2015), acceptance by position in
 the block, and the paired speedup of a run over a baseline with a delta-method interval
 (Cochran 1977, §6.4; Wolter 2007, §6.5). Formulas in docs/STATISTICS.md.
@@ -26,7 +26,7 @@ from relaxspec_audit.verify.theory import expected_tokens_per_pass as expected_t
 from relaxspec_audit.verify.theory import modelled_speedup as modelled_speedup
 
 # ----------------------------------------------------------------------------------------
-# Speed (SPEC §1, §3 "Speed")
+# Speed (THEORY §1, §3 "Speed")
 # ----------------------------------------------------------------------------------------
 
 
@@ -139,7 +139,7 @@ def speed(
     cluster: str = CLUSTER,
     alpha: float = 0.05,
 ) -> pl.DataFrame:
-    """Speed of one or more runs (SPEC §1, §3 "Speed").
+    """Speed of one or more runs (THEORY §1, §3 "Speed").
 
     From ``rounds``: ``tau_mean = Σ emitted / #rounds`` (clustered CI, CR1);
     acceptance ``alpha = Σ accepted / Σ reached`` with ``reached = min(accepted + 1, k)``
@@ -147,7 +147,7 @@ def speed(
     verification ``Σ verify_s / Σ(draft_s + verify_s)``; the draft/target cost ratio
     ``c = (Σ draft_s / Σ k) / (Σ verify_s / #rounds)`` (one draft forward vs one target
     pass); ``modelled_tau = E[τ](alpha, k_mean)`` and ``modelled_speedup =
-    E[τ]/(1 + K·c)`` (SPEC §1; it ignores that a K+1-token target pass costs more than a
+    E[τ]/(1 + K·c)`` (THEORY §1; it ignores that a K+1-token target pass costs more than a
     one-token one, so it is an upper-side model). From ``requests`` (if given):
     ``passes_per_token = Σ target_passes / Σ n_tokens`` and ``tokens_per_s = Σ n_tokens /
     Σ wall_s``.

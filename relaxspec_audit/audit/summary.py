@@ -1,4 +1,4 @@
-"""The audit summary: every statistic of SPEC §3 for a run as one JSON-ready dict.
+"""The audit summary: every statistic of THEORY §3 for a run as one JSON-ready dict.
 
 The dict (keys in docs/STATISTICS.md, versioned by :data:`AUDIT_SCHEMA_VERSION`) is what
 the ``audit`` command prints, the notebooks show and the batch runner reads. Positions
@@ -72,7 +72,7 @@ def audit_summary(
     alpha: float = 0.05,
     correction: Literal["holm", "fdr_bh"] = "holm",
 ) -> dict[str, Any]:
-    """All audit statistics of SPEC §3 as a JSON-ready dict (keys: docs/STATISTICS.md).
+    """All audit statistics of THEORY §3 as a JSON-ready dict (keys: docs/STATISTICS.md).
 
     Positions are read once (only the needed columns) and every statistic runs on that
     frame. With a ``reference`` run (``exact`` for NSD, strict ``greedy`` for ASD) the

@@ -389,7 +389,7 @@ class _Validator:
                 fields[k] = entry[k]
                 where[k] = (path, entry)
         if rule in _greedy_only_rules() and "temperature" not in entry:
-            # Greedy-only rules (SPEC §2.2, §2.4) run at temperature 0 unless told otherwise,
+            # Greedy-only rules (THEORY §2.2, §2.4) run at temperature 0 unless told otherwise,
             # so one config can hold the sampling and the greedy families side by side.
             fields["temperature"] = 0
         grid = {k: entry[k] for k in param_names if k in entry}

@@ -37,7 +37,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 EMBEDDED_DIR = REPO_ROOT / "data" / "models" / "arith"
 DEFAULT_TARGET = str(EMBEDDED_DIR / "target")
 DEFAULT_DRAFT = str(EMBEDDED_DIR / "draft")
-#: θ grid on which ``E_S`` is logged at every position (SPEC §2.3, §3 deviation accounting).
+#: θ grid on which ``E_S`` is logged at every position (THEORY §2.3, §3 deviation accounting).
 DEFAULT_THETA_GRID: tuple[float, ...] = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)
 SPLITS = (None, "discovery", "confirmation")
 DEVICES_PREFIXES = ("auto", "cpu", "cuda", "mps")
@@ -70,12 +70,12 @@ class RunConfig:
         params: the rule's resolved params object (``registry.resolve_params``; None for
             target-only). A mapping of overrides is resolved on construction, so every
             RunConfig carries its parameters resolved; invalid ones raise ConfigError.
-        k: draft tokens per round (K, SPEC §1).
+        k: draft tokens per round (K, THEORY §1).
         temperature: sampling temperature applied to p and q alike; 0 means greedy.
         top_k: keep only the k most likely tokens of p and q (None: off).
         top_p: keep the top-p nucleus of p and q before sampling (None: off).
         max_new_tokens: stop a request after this many emitted tokens.
-        seed: seed of the coupled random stream (SPEC §4).
+        seed: seed of the coupled random stream (THEORY §4).
         device: ``"auto"`` (cuda if available, else cpu), ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
         dtype: ``"auto"`` (float32 on cpu, bfloat16 on cuda) or a torch dtype name.
         log_positions: write the per-position table (off only for speed comparisons).

@@ -1,6 +1,6 @@
 """The decode loops: speculative rounds with KV-cache rollback, and the target-only baseline.
 
-One round (SPEC §1): the draft proposes ``K`` tokens autoregressively with its KV cache;
+One round (THEORY §1): the draft proposes ``K`` tokens autoregressively with its KV cache;
 the target scores the last emitted token and the ``K`` drafts in ONE forward pass with its
 KV cache, giving ``p_1..p_{K+1}``; the rule of ``rules.py`` accepts a prefix of length
 ``a`` and emits a recovery (``a < K``) or bonus token; both caches are cropped back to the
@@ -16,7 +16,7 @@ pass (as transformers' assisted generation does). The draft never ran on ``x_K``
 ``K`` drafts were accepted its cache is one token short and the next round feeds it
 ``[x_K, bonus]``.
 
-Randomness is coupled (SPEC §4): every draw is ``rng.uniforms(seed, request_key, abs_pos,
+Randomness is coupled (THEORY §4): every draw is ``rng.uniforms(seed, request_key, abs_pos,
 purpose)`` used through the inverse CDF, so runs of different rules with one seed share
 their stream position by position. Every uniform a request can use is drawn on the host
 with numpy (``collect.sampling``) and copied to the device in one transfer per request.
@@ -113,7 +113,7 @@ def decode_request(
         pair: the loaded pair (:func:`load_pair` / :func:`make_pair`).
         prompt_ids: the prompt's token ids (at least one).
         config: the run configuration (rule, params, K, sampling, seed, ...).
-        request_id: the request key; it keys the coupled random stream (SPEC §4).
+        request_id: the request key; it keys the coupled random stream (THEORY §4).
         timing: measure ``draft_s`` / ``verify_s`` (synchronises CUDA when on).
         rule_fn: replace the registered rule function (tests of deliberately broken rules).
 
@@ -177,7 +177,7 @@ def _decode_speculative(
     round_rows: list[RoundRecord] = []
     stop = "length"
     passes = 0
-    # Every uniform the request can use (SPEC §4: keyed by absolute position), drawn on the
+    # Every uniform the request can use (THEORY §4: keyed by absolute position), drawn on the
     # host once and copied to the device in one transfer; rounds take slices.
     u_all = _host_uniforms(config, key, 0, config.max_new_tokens + k + 1)  # [3, N+K+1]
     u_all_dev = torch.from_numpy(u_all).to(dev)

@@ -1,7 +1,7 @@
 """Forward passes with a transformers KV cache: a new cache, prefill, cached forward, rollback.
 
 The decode engine keeps one ``DynamicCache`` per model and request and never recomputes a
-prefix: after each round both caches are cropped back to the emitted sequence (SPEC §1;
+prefix: after each round both caches are cropped back to the emitted sequence (THEORY §1;
 the invariant is stated in ``collect.engine``). These helpers hide the differences between
 transformers versions (the cache constructor, the cache argument's name, ``crop``'s sign).
 

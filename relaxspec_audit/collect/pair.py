@@ -2,7 +2,7 @@
 
 :func:`load_pair` loads two causal LMs (``AutoModelForCausalLM``) and their shared tokenizer
 on one device; :func:`make_pair` wraps models already in memory (tests, benchmarks) after
-checking that both score one vocabulary (SPEC §1: p and q are distributions over the same
+checking that both score one vocabulary (THEORY §1: p and q are distributions over the same
 ``V`` tokens). ``Pair.info`` describes the models for the run manifest (DESIGN "Logs").
 
 torch and transformers are imported inside functions (the CLI's ``--help`` must not pay).

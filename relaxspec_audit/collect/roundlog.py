@@ -5,7 +5,7 @@ hands :class:`_RoundLog` references to its device tensors (:class:`RoundTensors`
 the target logits, the drafts and the rule's decisions) and the host integers it already
 read (:class:`RoundOutcome`); no copy, no host sync. The log computes the per-position
 statistics (``rules.token_stats`` of drafts and emitted tokens, ``E_S`` on the θ grid,
-SPEC §2.3) batched over up to ``_FLUSH_MAX_ROUNDS`` rounds, copies them to the host in one
+THEORY §2.3) batched over up to ``_FLUSH_MAX_ROUNDS`` rounds, copies them to the host in one
 transfer per batch and builds the ``positions`` rows with numpy at the end of the request
 (docs/ARCHITECTURE.md "Logs"). So the logging cost is a few batched kernels per request,
 not per round. :class:`_TokenLog` does the same for target-only decoding, and

@@ -4,7 +4,7 @@ The driver of the collect stage (DESIGN "Logs"): it validates the :class:`RunCon
 the task and the model pair, writes the manifest (config, run id, θ grid, models, task,
 EOS ids) and hands each decoded, scored request to ``logs.RunWriter``. The request id is
 the task item's id, so runs of different rules on one seed share each request's random
-stream (SPEC §4), and finished requests of an interrupted run are skipped on resume.
+stream (THEORY §4), and finished requests of an interrupted run are skipped on resume.
 
 torch and transformers are imported inside functions (the CLI's ``--help`` must not pay).
 """
@@ -32,7 +32,7 @@ def collect(
 
     Finished requests of an existing run folder are skipped (``resume``); the task scorer
     grades each completion. The request id is the task item's id, so runs of different
-    rules on one seed share each request's random stream (SPEC §4).
+    rules on one seed share each request's random stream (THEORY §4).
 
     Args:
         config: the run configuration (validated here).

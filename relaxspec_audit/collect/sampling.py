@@ -1,10 +1,10 @@
 """How p, q and every draw of a request are formed: the sampling transform and coupled uniforms.
 
 :func:`transform_logits` is the one transform applied to target and draft logits alike
-(temperature, top-k, top-p, softmax), so a rule compares p and q as sampled (SPEC §1;
+(temperature, top-k, top-p, softmax), so a rule compares p and q as sampled (THEORY §1;
 greedy mode keeps ``softmax(logits)``, docs/ARCHITECTURE.md). :func:`_host_uniforms` draws
 every uniform a request can use, ``rng.uniforms(seed, request_key, abs_pos, purpose)``
-(SPEC §4), on the host with numpy, so that the decode loop copies them to the device in one
+(THEORY §4), on the host with numpy, so that the decode loop copies them to the device in one
 transfer and runs of different rules with one seed share their stream position by position.
 
 torch is imported inside functions (the CLI's ``--help`` must not pay).

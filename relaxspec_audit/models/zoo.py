@@ -13,7 +13,7 @@ Run ``python -m relaxspec_audit.models.zoo --out data/models/arith``. It
    loadable offline with ``AutoModelForCausalLM.from_pretrained`` and
    ``AutoTokenizer.from_pretrained``;
 5. measures held-out accuracy of both models (greedy) and the ``exact``-rule acceptance
-   at temperature 1 (``α = Σ_x min(p, q)`` per position, SPEC §2.1, averaged over
+   at temperature 1 (``α = Σ_x min(p, q)`` per position, THEORY §2.1, averaged over
    target-sampled completions), and writes ``MODEL_CARD.md`` and ``metrics.json``.
 
 Everything is deterministic in ``--seed`` on a fixed thread count (2).
@@ -326,7 +326,7 @@ def acceptance_rate(
     seed: int = 0,
     max_new_tokens: int = MAX_NEW_TOKENS,
 ) -> dict[str, float]:
-    """Per-position ``exact``-rule acceptance at temperature 1 (SPEC §2.1).
+    """Per-position ``exact``-rule acceptance at temperature 1 (THEORY §2.1).
 
     Samples a completion of each prompt from the target (temperature 1, no top-k/top-p),
     then scores it with both models in one forward pass each and averages
@@ -645,7 +645,7 @@ def model_card(metrics: dict[str, Any], target: Any, draft: Any) -> str:
         "",
         "## Acceptance under `exact` at temperature 1",
         "",
-        "Per-position acceptance `α = Σ_x min(p(x), q(x))` (SPEC §2.1), averaged over the "
+        "Per-position acceptance `α = Σ_x min(p(x), q(x))` (THEORY §2.1), averaged over the "
         "positions of completions sampled from the target (temperature 1, no top-k/top-p) "
         "for the bundled prompts:",
         "",
@@ -658,7 +658,7 @@ def model_card(metrics: dict[str, Any], target: Any, draft: Any) -> str:
         "",
         "With i.i.d. acceptance, K = 5 gives `E[τ] = (1 − α^6)/(1 − α)` tokens per target "
         f"pass: {expected_tokens_per_pass(accept['all']['alpha'], 5):.2f} for α = "
-        f"{accept['all']['alpha']:.3f} (SPEC §1).",
+        f"{accept['all']['alpha']:.3f} (THEORY §1).",
         "",
         "## Training data",
         "",

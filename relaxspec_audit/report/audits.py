@@ -1,7 +1,7 @@
 """Audit rows: every relaxed run of a task against its paired reference, one row each.
 
 The rows are ``stats.audit_summary`` flattened (speed-up, accuracy delta with its
-non-inferiority test, hash divergence, the (1 − ε)^T coupling bound of SPEC §2.3): the
+non-inferiority test, hash divergence, the (1 − ε)^T coupling bound of THEORY §2.3): the
 data of the frontier, of the verdict's report and of the figures in :mod:`.plots`.
 """
 
@@ -67,7 +67,7 @@ def audit_table(
         acc = summary.get("accuracy_delta") or {}
         hd = summary.get("hash_divergence") or {}
         sp = summary.get("speedup_vs_reference") or {}
-        # The (1 − ε)^T coupling bound is NSD's (SPEC §2.3): E_S is its deviation per step.
+        # The (1 − ε)^T coupling bound is NSD's (THEORY §2.3): E_S is its deviation per step.
         dev = (summary.get("deviation") or {}) if rule == "nucleus" else {}
         ref_summary = None
         if ref_dir is not None:

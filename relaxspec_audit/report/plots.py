@@ -51,7 +51,7 @@ def _err(frame: Any, est: str, lo: str, hi: str, scale: float = 1.0) -> tuple[An
 
 
 def rejected_in_nucleus(anatomy: Any, by: str | None = None) -> Any:
-    """Share of ratio-test rejections inside the θ nucleus vs θ (SPEC §3), with CI band.
+    """Share of ratio-test rejections inside the θ nucleus vs θ (THEORY §3), with CI band.
 
     Args:
         anatomy: ``stats.rejection_anatomy`` output (``measure == "nucleus"`` rows used).
@@ -82,7 +82,7 @@ def rejected_in_nucleus(anatomy: Any, by: str | None = None) -> Any:
 
 
 def topk_share(anatomy: Any) -> Any:
-    """Share of ratio-test rejections in the target's top-k (SPEC §3), with CI bars."""
+    """Share of ratio-test rejections in the target's top-k (THEORY §3), with CI bars."""
     import polars as pl
 
     fig, ax = _figure(height=2.8)
@@ -136,7 +136,7 @@ def rank_histogram(positions: Any, max_rank: int = 20) -> Any:
 
 
 def entropy_gaps(gaps: Any, by: str | None = None) -> Any:
-    """Mean draft and target entropy per subset of positions (SPEC §3 entropy gap).
+    """Mean draft and target entropy per subset of positions (THEORY §3 entropy gap).
 
     Args:
         gaps: ``stats.entropy_gaps`` output.
@@ -210,7 +210,7 @@ def _labels(table: Any) -> list[str]:
 
 
 def accuracy_deltas(table: Any, margin: float) -> Any:
-    """Forest plot of paired accuracy deltas (points) with CI and the margin −δ (SPEC §3).
+    """Forest plot of paired accuracy deltas (points) with CI and the margin −δ (THEORY §3).
 
     Args:
         table: ``report.audit_table`` rows (relaxed rules; references are skipped).
@@ -289,7 +289,7 @@ def first_divergence(first: Any) -> Any:
 
 
 def bound_vs_measured(table: Any) -> Any:
-    """Coupling bound ``Π(1 − ε_t)`` vs the measured identical-output rate, per θ (SPEC §2.3)."""
+    """Coupling bound ``Π(1 − ε_t)`` vs the measured identical-output rate, per θ (THEORY §2.3)."""
     import numpy as np
     import polars as pl
 
@@ -313,7 +313,7 @@ def bound_vs_measured(table: Any) -> Any:
 
 
 def frontier(table: Any, margin: float | None = None, chosen: Sequence[str] = ()) -> Any:
-    """Speed vs fidelity of every setting (SPEC §3 "Choosing θ or a budget").
+    """Speed vs fidelity of every setting (THEORY §3 "Choosing θ or a budget").
 
     x: speed-up over the reference rule; y: accuracy delta in points with CI (or, for a
     task without a scorer, the share of requests whose output is identical to the

@@ -1,7 +1,7 @@
 """The runs of a task, read from their manifests: lookup, labels, reference pairing.
 
 A relaxed run is judged against the lossless reference run it pairs with request by
-request (SPEC §3 for which reference, SPEC §4 for the pairing: same task items, seed and
+request (THEORY §3 for which reference, THEORY §4 for the pairing: same task items, seed and
 sampling); :func:`manifest_facts` states how the runs were made, for the sign-off.
 """
 
@@ -18,7 +18,7 @@ from relaxspec_audit.verify.registry import LOSSLESS, setting_label
 
 __all__ = ["LOSSLESS", "reference_rule", "runs_table", "setting_label"]
 
-# Config fields two runs must share to be compared request by request (SPEC §4 pairing).
+# Config fields two runs must share to be compared request by request (THEORY §4 pairing).
 _PAIR_FIELDS = ("task", "split", "seed", "k", "temperature", "top_k", "top_p",
                 "max_new_tokens", "target", "draft")  # fmt: skip
 

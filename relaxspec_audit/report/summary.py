@@ -36,7 +36,7 @@ def recommend(
 ) -> list[dict[str, Any]]:
     """Choose a setting per relaxed rule on ``discovery``, judge it on ``confirmation``.
 
-    The choice and the verdict are ``select.recommend``'s (SPEC §3 "Choosing θ or a
+    The choice and the verdict are ``select.recommend``'s (THEORY §3 "Choosing θ or a
     budget": the fastest setting non-inferior at ``margin`` on discovery, re-tested on
     the disjoint confirmation split, ``PASS`` / ``FAIL`` / ``INCONCLUSIVE``, never
     ``PASS`` on fewer items than the power calculation asks for). This function gathers

@@ -2,7 +2,7 @@
 
 The scorer is ``score(item, completion_text) -> float | None`` (``tasks.scorers``).
 
-Every item has a split, ``discovery`` or ``confirmation`` (SPEC §3, "Choosing θ or a
+Every item has a split, ``discovery`` or ``confirmation`` (THEORY §3, "Choosing θ or a
 budget": a setting is chosen on one split and confirmed on the other). External sets
 without a ``split`` field are split half/half by a stable hash of the item id
 (:func:`hash_split`).

@@ -98,7 +98,7 @@ def _spread_stats(p: Tensor, q: Tensor | None) -> dict[str, Tensor]:
     if q is None:
         nan = torch.full_like(out["p_max"], float("nan"))
         out.update(entropy_q=nan, tv_pq=nan.clone())
-    else:  # R = Σ (q − p)_+ (SPEC §2.1)
+    else:  # R = Σ (q − p)_+ (THEORY §2.1)
         out.update(entropy_q=_entropy(q), tv_pq=(q - p).clamp_min_(0).sum(-1))
     return out
 
@@ -138,7 +138,7 @@ class _LazyStats(dict):
 
 
 def _nucleus_test(mass_above: Tensor, px: Tensor, theta: float) -> Tensor:
-    """``x ∈ N_θ(p) ⇔ mass_above(x) < θ`` (SPEC §2.3), excluding zero-probability tokens.
+    """``x ∈ N_θ(p) ⇔ mass_above(x) < θ`` (THEORY §2.3), excluding zero-probability tokens.
 
     In exact arithmetic a zero-probability token has mass_above = 1 ≥ θ; in floats the sum
     can fall just below 1, and at θ = 1 the nucleus is exactly the support of p.
@@ -149,7 +149,7 @@ def _nucleus_test(mass_above: Tensor, px: Tensor, theta: float) -> Tensor:
 
 
 def es_grid(p: Tensor, q: Tensor, thetas: Any) -> Tensor:
-    """Extra acceptance ``E_S(θ) = Σ_{x ∈ N_θ(p)} (q(x) − p(x))_+`` at every θ (SPEC §2.3).
+    """Extra acceptance ``E_S(θ) = Σ_{x ∈ N_θ(p)} (q(x) − p(x))_+`` at every θ (THEORY §2.3).
 
     One stable sort of p per position (ties keep id order), then cumulative sums and a
     searchsorted over the grid.

@@ -1,4 +1,4 @@
-"""Keyed, counter-based randomness and inverse-CDF sampling (SPEC §4).
+"""Keyed, counter-based randomness and inverse-CDF sampling (THEORY §4).
 
 Every random draw of a run is a pure function of ``(seed, request, abs_pos, purpose)``:
 a splitmix64 hash (Steele, Lea, Flood 2014) chained over the four keys, turned into a

@@ -105,7 +105,7 @@ def _emit(block: Block, a: Tensor, recovery: str, greedy_like: bool) -> Tensor:
     Args:
         block: The block.
         a: ``[B]`` accepted lengths.
-        recovery: ``"residual"`` ((p − q)_+ normalised, SPEC §2.1), ``"p"`` (sample p itself,
+        recovery: ``"residual"`` ((p − q)_+ normalised, THEORY §2.1), ``"p"`` (sample p itself,
             fuzzy) or ``"argmax"`` (target argmax, typical). The bonus samples ``p_{K+1}``.
         greedy_like: Greedy rule or greedy mode: recovery and bonus are the target argmax.
 
@@ -201,12 +201,12 @@ def _ratio_or(
 
 
 def rule_exact(block: Block, params: ExactParams, state: Tensor | None) -> BlockResult:
-    """SPEC §2.1: accept iff u < min(1, p/q); recovery from the residual, bonus from p."""
+    """THEORY §2.1: accept iff u < min(1, p/q); recovery from the residual, bonus from p."""
     return _ratio_or(block, _draft_stats(block, DEFAULT_THETA), None, Cause.ACCEPT_RATIO)
 
 
 def rule_greedy(block: Block, params: GreedyParams, state: Tensor | None) -> BlockResult:
-    """SPEC §2.2: accept iff x == argmax z; recovery and bonus are the argmax."""
+    """THEORY §2.2: accept iff x == argmax z; recovery and bonus are the argmax."""
     st = _draft_stats(block, DEFAULT_THETA)
     st["passed_ratio"] = st["match"]
     return _finish(
@@ -222,20 +222,20 @@ def rule_greedy(block: Block, params: GreedyParams, state: Tensor | None) -> Blo
 
 
 def rule_nucleus(block: Block, params: NucleusParams, state: Tensor | None) -> BlockResult:
-    """SPEC §2.3: accept iff the ratio test passes or x ∈ N_θ(p); rejection as exact."""
+    """THEORY §2.3: accept iff the ratio test passes or x ∈ N_θ(p); rejection as exact."""
     st = _draft_stats(block, params.theta)
     return _ratio_or(block, st, st["in_nucleus"], Cause.ACCEPT_NUCLEUS)
 
 
 def rule_topk(block: Block, params: TopkParams, state: Tensor | None) -> BlockResult:
-    """SPEC §2.5 topk: ratio test or (x ∈ topK(p) and p(x) ≥ ratio·max p)."""
+    """THEORY §2.5 topk: ratio test or (x ∈ topK(p) and p(x) ≥ ratio·max p)."""
     st = _draft_stats(block, DEFAULT_THETA)
     extra = (st["rank"] <= params.top_k) & (st["p"] >= params.ratio * st["p_max"])
     return _ratio_or(block, st, extra, Cause.ACCEPT_TOPK)
 
 
 def rule_margin(block: Block, params: MarginParams, state: Tensor | None) -> BlockResult:
-    """SPEC §2.5 margin: if z₂/z₁ > ρ accept x in the target top 2, else the exact test."""
+    """THEORY §2.5 margin: if z₂/z₁ > ρ accept x in the target top 2, else the exact test."""
     import torch
 
     st = _draft_stats(block, DEFAULT_THETA)
@@ -250,7 +250,7 @@ def rule_margin(block: Block, params: MarginParams, state: Tensor | None) -> Blo
 
 
 def rule_typical(block: Block, params: TypicalParams, state: Tensor | None) -> BlockResult:
-    """SPEC §2.5 typical: accept iff p(x) > min(ε, δ·exp(−H(p))); recovery is the argmax."""
+    """THEORY §2.5 typical: accept iff p(x) > min(ε, δ·exp(−H(p))); recovery is the argmax."""
     import torch
 
     st = _draft_stats(block, DEFAULT_THETA)
@@ -268,7 +268,7 @@ def rule_typical(block: Block, params: TypicalParams, state: Tensor | None) -> B
 
 
 def rule_fuzzy(block: Block, params: FuzzyParams, state: Tensor | None) -> BlockResult:
-    """SPEC §2.5 fuzzy: accept the position iff D(p‖q) ≤ T; at the first failure sample p."""
+    """THEORY §2.5 fuzzy: accept the position iff D(p‖q) ≤ T; at the first failure sample p."""
     st = _draft_stats(block, DEFAULT_THETA)
     d = _fuzzy_divergence(block.p[:, : block.k], block.q, params.divergence)  # [B, K]
     ok = d <= params.threshold
@@ -284,7 +284,7 @@ def rule_fuzzy(block: Block, params: FuzzyParams, state: Tensor | None) -> Block
 
 
 def rule_asd(block: Block, params: AsdParams, state: Tensor | None) -> BlockResult:
-    """SPEC §2.4 ASD: gated, budgeted, capped mismatches on a contiguous prefix.
+    """THEORY §2.4 ASD: gated, budgeted, capped mismatches on a contiguous prefix.
 
     ``state`` is the ledger ``spent`` ``[B]`` (``None`` = zeros); the result's state is
     ``spent + C_a``. Budget 0 is strict token-ID greedy.

@@ -1,11 +1,11 @@
 """Exact single-position maths of the verification rules (numpy in, numpy/float out).
 
 The acceptance probability and the output distribution of a rule at one position, with the
-draft drawn from ``q`` and the rule's recovery on rejection (SPEC §2), plus the block-level
-formulas of SPEC §1 (E[τ], modelled speedup) and the coupling bound of SPEC §2.3.
+draft drawn from ``q`` and the rule's recovery on rejection (THEORY §2), plus the block-level
+formulas of THEORY §1 (E[τ], modelled speedup) and the coupling bound of THEORY §2.3.
 
 Rules ``nucleus``, ``topk`` and ``margin`` all accept "the exact ratio test, or x ∈ S" for a
-token set S and reject to the residual, so they share one formula (SPEC §2.3 with N_θ
+token set S and reject to the residual, so they share one formula (THEORY §2.3 with N_θ
 replaced by S)::
 
     P(y) = min(p, q)(y) + [y ∈ S]·(q − p)_+(y) + (R − E_S)·(p − q)_+(y) / R,
@@ -66,7 +66,7 @@ def _rank(p: np.ndarray) -> np.ndarray:
 
 
 def _mass_above(p: np.ndarray) -> np.ndarray:
-    """Total p of the tokens ranked before each token (SPEC §2.3)."""
+    """Total p of the tokens ranked before each token (THEORY §2.3)."""
     order = np.argsort(-p, kind="stable")
     sorted_p = p[order]
     out = np.empty_like(p)
@@ -76,7 +76,7 @@ def _mass_above(p: np.ndarray) -> np.ndarray:
 
 
 def nucleus_mask(p: Any, theta: float) -> np.ndarray:
-    """Membership in the nucleus ``N_θ(p)``: ``mass_above(x) < θ`` (SPEC §2.3).
+    """Membership in the nucleus ``N_θ(p)``: ``mass_above(x) < θ`` (THEORY §2.3).
 
     Zero-probability tokens are never in the nucleus; at θ = 1 it is the support of p.
 
@@ -95,13 +95,13 @@ def nucleus_mask(p: Any, theta: float) -> np.ndarray:
 
 
 def tv(p: Any, q: Any) -> float:
-    """Total variation ``½ Σ |p − q|`` (= R = Σ (q − p)_+ for distributions, SPEC §2.1)."""
+    """Total variation ``½ Σ |p − q|`` (= R = Σ (q − p)_+ for distributions, THEORY §2.1)."""
     p, q = _pair(p, q)
     return float(0.5 * np.abs(p - q).sum())
 
 
 def extra_acceptance(p: Any, q: Any, theta: float) -> float:
-    """NSD extra acceptance ``E_S = Σ_{x ∈ N_θ(p)} (q(x) − p(x))_+`` (SPEC §2.3)."""
+    """NSD extra acceptance ``E_S = Σ_{x ∈ N_θ(p)} (q(x) − p(x))_+`` (THEORY §2.3)."""
     p, q = _pair(p, q)
     return float(np.clip(q - p, 0, None)[nucleus_mask(p, theta)].sum())
 
@@ -129,7 +129,7 @@ def _extra_set(rule: str, p: np.ndarray, prm: Any, logits: Any) -> np.ndarray | 
 
 
 def _typical_accept(p: np.ndarray, prm: Any) -> np.ndarray:
-    """Tokens with p(x) > min(ε, δ·exp(−H(p))) (SPEC §2.5)."""
+    """Tokens with p(x) > min(ε, δ·exp(−H(p))) (THEORY §2.5)."""
     h = -np.sum(p[p > 0] * np.log(p[p > 0]))
     return p > min(prm.epsilon, prm.delta * np.exp(-h))
 
@@ -246,7 +246,7 @@ def expected_tokens_per_pass(alpha: Any, k: Any) -> Any:
 
 
 def modelled_speedup(alpha: Any, k: Any, c: Any) -> Any:
-    """Speedup over target-only decoding ≈ E[τ] / (1 + K·c) (SPEC §1).
+    """Speedup over target-only decoding ≈ E[τ] / (1 + K·c) (THEORY §1).
 
     Args:
         alpha: Per-position acceptance probability (scalar or array).
@@ -260,7 +260,7 @@ def modelled_speedup(alpha: Any, k: Any, c: Any) -> Any:
 
 
 def identical_output_bound(eps: Any, t: Any) -> Any:
-    """Lower bound ``(1 − ε)^T`` on P(relaxed run ≡ exact run over T tokens) (SPEC §2.3)."""
+    """Lower bound ``(1 − ε)^T`` on P(relaxed run ≡ exact run over T tokens) (THEORY §2.3)."""
     e = np.asarray(eps, dtype=np.float64)
     if np.any((e < 0) | (e > 1)):
         raise ValueError("eps: must be in [0, 1]")
