@@ -20,8 +20,10 @@ import polars as pl
 from relaxspec_audit.audit.frames import CLUSTER, Frame, Scope, _draft_rows, _lazy
 from relaxspec_audit.audit.intervals import _long, _ratio, clustered_ratio
 
-#: θ grid of the rejection anatomy when the caller gives none.
-DEFAULT_THETA_GRID: tuple[float, ...] = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
+# One θ grid: the one every run logs ``es`` on (its manifest's ``theta_grid``), so the
+# rejection anatomy, the counterfactual and the deviation accounting share their θ values.
+from relaxspec_audit.collect.config import DEFAULT_THETA_GRID
+
 #: k values of the top-k share of rejected drafts (THEORY §3).
 TOPK: tuple[int, ...] = (1, 5, 10)
 
