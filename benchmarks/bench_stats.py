@@ -66,7 +66,9 @@ def audit(out: Path) -> None:
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
-    summary = stats.audit_summary(frames(out / "run"), reference=frames(out / "ref"), margin=0.02)
+    summary = stats.audit_summary(
+        frames(out / "run"), reference=frames(out / "ref"), ni_margin=0.02
+    )
     wall = time.perf_counter() - t0
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     # CPU seconds of this process (all threads): independent of other users' load, so

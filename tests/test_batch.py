@@ -243,6 +243,47 @@ def test_bad_config_names_the_field_and_line(tmp_path, mutate, expected):
         assert key in line or line.lstrip().startswith("-"), (line, err.value.path)
 
 
+def test_old_margin_parameter_is_renamed_with_a_warning(tmp_path):
+    """``margin`` in a ``parameters:`` block is the old key of ``ni_margin``."""
+    data = small_config(tmp_path, parameters={"margin": 0.1})
+    data["tasks"].append({"task": "story", "rules": ["exact"], "parameters": {"margin": 0.2}})
+    path = write_yaml(tmp_path, data)
+    lines = path.read_text().splitlines()
+    at = [i + 1 for i, line in enumerate(lines) if line.lstrip().startswith("margin:")]
+    with pytest.warns(FutureWarning) as rec:
+        plan = batch.load_config(path)
+    messages = [str(w.message) for w in rec if issubclass(w.category, FutureWarning)]
+    assert f"{path}:{at[0]}: parameters.margin: deprecated, use 'ni_margin'" in messages[0]
+    assert f"{path}:{at[1]}: tasks[1].parameters.margin: deprecated" in messages[1]
+    assert [t.parameters for t in plan.tasks] == [{"ni_margin": 0.1}, {"ni_margin": 0.2}]
+    # Both spellings in one block: an error naming the old one, at its line.
+    data = small_config(tmp_path, parameters={"margin": 0.1, "ni_margin": 0.1})
+    path = write_yaml(tmp_path, data)
+    with pytest.raises(batch.BatchConfigError) as err:
+        batch.load_config(path)
+    assert "parameters.margin: give ni_margin only" in str(err.value)
+    assert path.read_text().splitlines()[err.value.line - 1].lstrip().startswith("margin:")
+    # A notebook that does not declare it: the error names the key as written.
+    data = small_config(tmp_path, notebooks=["rejection_anatomy"], parameters={"margin": 0.1})
+    path = write_yaml(tmp_path, data)
+    with pytest.warns(FutureWarning), pytest.raises(batch.BatchConfigError) as err:
+        batch.load_config(path)
+    assert "parameters.margin: unknown notebook parameter" in str(err.value)
+    assert path.read_text().splitlines()[err.value.line - 1].lstrip().startswith("margin:")
+
+
+def test_task_summary_reads_old_margin_with_a_warning(tmp_path):
+    """summary.json v2 says ``ni_margin``; ``margin`` (keyword or parameter) still maps to it."""
+    with pytest.warns(FutureWarning, match="'margin' is deprecated, use 'ni_margin'"):
+        old = report.task_summary(tmp_path, "arith", parameters={"margin": 0.3})
+    with pytest.warns(FutureWarning, match="margin= is deprecated, use ni_margin="):
+        kw = report.task_summary(tmp_path, "arith", margin=0.3)
+    assert old["ni_margin"] == kw["ni_margin"] == 0.3 and "margin" not in old
+    assert old["schema_version"] == report.SUMMARY_SCHEMA_VERSION == 2
+    with pytest.raises(TypeError, match="give ni_margin only"):
+        report.task_summary(tmp_path, "arith", parameters={"margin": 0.3, "ni_margin": 0.3})
+
+
 def test_bad_config_fails_before_any_work(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(batch.runner, "_collect_one", lambda *a: calls.append(a))
@@ -306,7 +347,7 @@ def test_collect_runs_in_process_reports_each_shard(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_failing_notebook_is_saved_and_batch_goes_on(tmp_path, monkeypatch):
-    """Task 0 collects fine; task 1 has a failing shard and a notebook error (bad margin).
+    """Task 0 collects fine; task 1 has a failing shard and a notebook error (bad ni_margin).
 
     The batch finishes both, writes every summary and the index, and reports failure.
     """
@@ -321,7 +362,7 @@ def test_failing_notebook_is_saved_and_batch_goes_on(tmp_path, monkeypatch):
                 "greedy",
                 {"rule": "asd", "budget": [99.0]},
             ],
-            "parameters": {"margin": -0.5},  # the validation cell rejects it
+            "parameters": {"ni_margin": -0.5},  # the validation cell rejects it
         }
     )
     result = batch.run_batch(data, out=tmp_path / "reports", runs=tmp_path / "runs", progress=False)
@@ -331,12 +372,14 @@ def test_failing_notebook_is_saved_and_batch_goes_on(tmp_path, monkeypatch):
     assert not bad_task.ok
     assert any("fixture collect failure" in e for e in bad_task.errors)
     (nb,) = bad_task.notebooks
-    assert not nb.ok and "margin" in nb.error
+    assert not nb.ok and "ni_margin" in nb.error
     # The failed notebook is saved with its error, and exported too.
     saved = json.loads(nb.ipynb.read_text())
     outputs = [o for c in saved["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
-    assert any(o.get("output_type") == "error" and "margin" in o.get("evalue", "") for o in outputs)
-    assert nb.html.is_file() and "margin" in nb.html.read_text()
+    assert any(
+        o.get("output_type") == "error" and "ni_margin" in o.get("evalue", "") for o in outputs
+    )
+    assert nb.html.is_file() and "ni_margin" in nb.html.read_text()
     summaries = [json.loads(t.summary_path.read_text()) for t in result.tasks]
     assert [s["status"] for s in summaries] == ["ok", "failed"]
     assert summaries[1]["notebooks"][0]["ok"] is False
@@ -383,7 +426,7 @@ def test_unscored_task_is_inconclusive_but_shows_divergence(tmp_path):
     data["tasks"][0]["task"] = "story"
     for config in batch.load_config(data).all_runs():
         fake_collect(config.to_json(), str(tmp_path / "runs"), 1)
-    families = report.recommend(tmp_path / "runs", "story", margin=0.05)
+    families = report.recommend(tmp_path / "runs", "story", ni_margin=0.05)
     assert {f["rule"]: f["verdict"] for f in families} == {
         "nucleus": "INCONCLUSIVE",
         "asd": "INCONCLUSIVE",

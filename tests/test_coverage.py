@@ -110,7 +110,7 @@ def test_paired_accuracy_delta_ci_coverage():
     # the item-level paired interval targets. Items as clusters (3 seeds each).
     rng = np.random.default_rng(99)
     rel, ref, truth = _paired_binary(rng, R, n=60, samples=3, delta=-0.03)
-    res = S.accuracy_delta(rel, ref, margin=0.05, by=["rep"]).sort("rep")
+    res = S.accuracy_delta(rel, ref, ni_margin=0.05, by=["rep"]).sort("rep")
     # Expected truth: E over items of the per-item shift; use the population value of
     # the replication's items (a conditional truth, still inside the 95% target).
     t = truth
@@ -119,29 +119,29 @@ def test_paired_accuracy_delta_ci_coverage():
 
 
 def test_noninferiority_type_one_error_at_margin():
-    # H0 boundary: true delta = −margin exactly (no flips, so the truth is exact).
+    # H0 boundary: true delta = −ni_margin exactly (no flips, so the truth is exact).
     rng = np.random.default_rng(5)
-    margin, reps = 0.05, 1000
+    ni_margin, reps = 0.05, 1000
     logit = np.log(0.6 / 0.4) + rng.normal(0, 1.0, (reps, 150))
-    pi = np.clip(1 / (1 + np.exp(-logit)), margin + 1e-3, 1 - 1e-3)  # [R, n]
+    pi = np.clip(1 / (1 + np.exp(-logit)), ni_margin + 1e-3, 1 - 1e-3)  # [R, n]
     # Independent arms given the item: discordant pairs both ways.
     ref = (rng.random(pi.shape) < pi).astype(float)
-    rel = (rng.random(pi.shape) < pi - margin).astype(float)
+    rel = (rng.random(pi.shape) < pi - ni_margin).astype(float)
     d = rel - ref  # [R, n]
-    # Re-centre each replication's item population exactly on −margin: the test's
+    # Re-centre each replication's item population exactly on −ni_margin: the test's
     # estimand is the mean of E[d_i] over the sampled items.
-    mean_shift = (pi - margin - pi).mean(axis=1)
-    assert np.allclose(mean_shift, -margin)
+    mean_shift = (pi - ni_margin - pi).mean(axis=1)
+    assert np.allclose(mean_shift, -ni_margin)
     reps_idx = np.repeat(np.arange(reps), 150)
     items = np.tile(np.arange(150), reps).astype(str)
     rel_f = pl.DataFrame({"rep": reps_idx, "item_id": items, "score": rel.ravel()})
     ref_f = pl.DataFrame({"rep": reps_idx, "item_id": items, "score": ref.ravel()})
-    res = S.accuracy_delta(rel_f, ref_f, margin=margin, by=["rep"])
+    res = S.accuracy_delta(rel_f, ref_f, ni_margin=ni_margin, by=["rep"])
     reject = (res["p_noninf"] < 0.05).mean()
     mc = 3 * np.sqrt(0.05 * 0.95 / reps)  # 3 Monte Carlo standard errors ≈ 0.021
     assert reject <= 0.05 + mc, reject
     # Not trivially conservative: the size is near α at the boundary, and the rejection
-    # rate grows when the truth moves into H1 (delta = 0: shift d by +margin).
+    # rate grows when the truth moves into H1 (delta = 0: shift d by +ni_margin).
     assert reject >= 0.05 - mc, reject
-    power = np.mean([S.noninferiority_ttest(row + margin, margin) < 0.05 for row in d])
+    power = np.mean([S.noninferiority_ttest(row + ni_margin, ni_margin) < 0.05 for row in d])
     assert power > 2 * reject, (power, reject)

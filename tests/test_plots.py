@@ -37,7 +37,7 @@ def audit(tmp_path_factory):
     plan = batch.load_config(data)
     for config in plan.all_runs():
         fake_collect(config.to_json(), str(tmp / "runs"), 1)
-    return report.audit_table(tmp / "runs", "arith", margin=0.1)
+    return report.audit_table(tmp / "runs", "arith", ni_margin=0.1)
 
 
 @pytest.fixture(autouse=True)
@@ -98,22 +98,22 @@ def test_entropy_and_acceptance(positions):
 def test_fidelity_figures(audit):
     relaxed = audit.filter(~pl.col("is_reference"))
     for fig in (
-        plots.accuracy_deltas(audit, margin=0.1),
+        plots.accuracy_deltas(audit, ni_margin=0.1),
         plots.divergence(audit),
         plots.bound_vs_measured(audit),
-        plots.frontier(audit.filter(pl.col("split") == "discovery"), margin=0.1),
+        plots.frontier(audit.filter(pl.col("split") == "discovery"), ni_margin=0.1),
     ):
         _check_axes(fig)
-    fig = plots.accuracy_deltas(audit, margin=0.1)
+    fig = plots.accuracy_deltas(audit, ni_margin=0.1)
     ax = fig.get_axes()[0]
     assert len(ax.get_yticklabels()) == relaxed.height
-    # The margin line sits at −100·δ points.
+    # The −δ line sits at −100·δ points.
     assert any(np.allclose(line.get_xdata(), -10.0) for line in ax.get_lines())
 
 
 def test_frontier_rings_the_chosen_setting(audit):
     disc = audit.filter(pl.col("split") == "discovery")
-    fig = plots.frontier(disc, margin=0.1, chosen=["nucleus θ=0.8"])
+    fig = plots.frontier(disc, ni_margin=0.1, chosen=["nucleus θ=0.8"])
     ax = fig.get_axes()[0]
     texts = {t.get_text() for t in ax.texts}
     assert set(disc["setting"].to_list()) <= texts

@@ -84,7 +84,7 @@ def test_structure_of_every_rule(block, rule):
 @SETTINGS
 @given(blocks(), st.sampled_from([0.3, 0.8, 0.95, 1.0]))
 def test_relaxations_accept_a_superset_of_exact(block, theta):
-    """Same uniforms: nucleus/topk/margin accept every position exact accepts (THEORY §2.3, §2.5)."""
+    """Same uniforms: nucleus/topk/margin accept all that exact accepts (THEORY §2.3, §2.5)."""
     exact = _run("exact", block)
     for rule, kw in (("nucleus", {"theta": theta}), ("topk", {}), ("margin", {})):
         res = _run(rule, block, **kw)

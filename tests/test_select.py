@@ -30,25 +30,25 @@ def _grid(n_items: int, settings: dict[float, tuple[float, float]], seed: int = 
 def test_required_items_formula_and_statsmodels():
     from scipy.stats import norm
 
-    sd, margin = 0.5, 0.05
-    z = (norm.ppf(0.95) + norm.ppf(0.8)) ** 2 * sd**2 / margin**2  # ≈ 618.3 (normal approx)
-    n = sel.required_items(sd, margin)
+    sd, ni_margin = 0.5, 0.05
+    z = (norm.ppf(0.95) + norm.ppf(0.8)) ** 2 * sd**2 / ni_margin**2  # ≈ 618.3 (normal approx)
+    n = sel.required_items(sd, ni_margin)
     assert z <= n <= z + 3  # noncentral t needs a touch more than the normal formula
     # Power at n reaches 0.8 and at n − 1 it does not (statsmodels TTestPower).
     from statsmodels.stats.power import TTestPower
 
     pw = TTestPower().power
-    assert pw(margin / sd, n, 0.05, alternative="larger") >= 0.8
-    assert pw(margin / sd, n - 1, 0.05, alternative="larger") < 0.8
-    assert sel.required_items(sd, margin, true_delta=0.05) < n
-    with pytest.raises(ValueError, match="margin"):
+    assert pw(ni_margin / sd, n, 0.05, alternative="larger") >= 0.8
+    assert pw(ni_margin / sd, n - 1, 0.05, alternative="larger") < 0.8
+    assert sel.required_items(sd, ni_margin, true_delta=0.05) < n
+    with pytest.raises(ValueError, match="ni_margin"):
         sel.required_items(sd, 0.0)
     assert sel.planning_sd(0.0, 30, binary=True) == pytest.approx(math.sqrt(0.1))
 
 
 def test_frontier_rows_and_pareto():
     rel, ref = _grid(200, {0.9: (0.0, 1.2), 0.8: (-0.02, 1.5), 0.7: (-0.03, 1.4)})
-    fr = sel.frontier(rel, ref, ["theta"], margin=0.1)
+    fr = sel.frontier(rel, ref, ["theta"], ni_margin=0.1)
     assert fr["theta"].to_list() == [0.7, 0.8, 0.9]
     assert fr["n_items"].to_list() == [200] * 3
     # 0.7 is dominated by 0.8 (slower and worse); 0.8 and 0.9 are on the frontier.
@@ -63,7 +63,7 @@ def test_frontier_rows_and_pareto():
 def test_recommend_pass_picks_fastest_noninferior():
     # θ = 0.5 is fastest but loses 20 points; θ = 0.8 is the fastest non-inferior.
     rel, ref = _grid(1600, {0.95: (0.0, 1.2), 0.8: (0.0, 1.6), 0.5: (-0.2, 2.5)}, seed=3)
-    v = sel.recommend(rel, ref, ["theta"], margin=0.05)
+    v = sel.recommend(rel, ref, ["theta"], ni_margin=0.05)
     assert v.status == "PASS", v.reasons
     assert v.setting == {"theta": 0.8}
     assert v.numbers["confirmation"]["n_items"] == 800
@@ -74,7 +74,7 @@ def test_recommend_pass_picks_fastest_noninferior():
 
 def test_recommend_refuses_to_certify_with_too_few_items():
     rel, ref = _grid(40, {0.9: (0.0, 1.5)}, seed=1)  # 20 items per split
-    v = sel.recommend(rel, ref, ["theta"], margin=0.05)
+    v = sel.recommend(rel, ref, ["theta"], ni_margin=0.05)
     assert v.status == "INCONCLUSIVE"
     assert v.n_required is not None and v.n_required > 20
     assert any("items" in r and "needed" in r for r in v.reasons)
@@ -86,7 +86,7 @@ def test_recommend_refuses_to_certify_with_too_few_items():
 
 def test_recommend_fail_when_every_setting_is_inferior():
     rel, ref = _grid(600, {0.9: (-0.25, 1.5), 0.5: (-0.3, 2.0)}, seed=2)
-    v = sel.recommend(rel, ref, ["theta"], margin=0.02)
+    v = sel.recommend(rel, ref, ["theta"], ni_margin=0.02)
     assert v.status == "FAIL" and v.setting is None
     assert "inferior" in v.reasons[-1]
 
@@ -94,7 +94,7 @@ def test_recommend_fail_when_every_setting_is_inferior():
 def test_recommend_eps_cap_excludes_settings():
     rel, ref = _grid(1200, {0.95: (0.0, 1.2), 0.8: (0.0, 1.6)}, seed=4)
     eps = pl.DataFrame({"theta": [0.95, 0.8], "eps": [0.001, 0.02]})
-    v = sel.recommend(rel, ref, ["theta"], margin=0.05, eps_cap=0.005, eps=eps)
+    v = sel.recommend(rel, ref, ["theta"], ni_margin=0.05, eps_cap=0.005, eps=eps)
     assert v.status == "PASS" and v.setting == {"theta": 0.95}
     assert any("deviation cap" in r for r in v.reasons)
     with pytest.raises(ValueError, match="eps"):
@@ -128,11 +128,11 @@ def test_settings_frame_and_assign_split():
 
 def test_identical_scores_on_few_items_are_not_certified():
     # Zero variance would make a t test "significant" (p = 0); Tango's score test does not
-    # (20 concordant pairs at margin 0.05: p ≈ 0.16), so nothing is chosen on discovery,
+    # (20 concordant pairs at δ = 0.05: p ≈ 0.16), so nothing is chosen on discovery,
     # and the verdict asks for the rule-of-three planning sd's n.
     rel, ref = _grid(40, {0.9: (0.0, 1.5)}, seed=6)
     rel = rel.drop("score").join(ref.select("item_id", "score"), on="item_id")
-    v = sel.recommend(rel, ref, ["theta"], margin=0.05)
+    v = sel.recommend(rel, ref, ["theta"], ni_margin=0.05)
     assert v.status == "INCONCLUSIVE" and v.setting is None
     assert v.numbers["discovery"][0]["p_noninf"] > 0.05
     assert v.numbers["planning_sd"] == pytest.approx(math.sqrt(3 / 20))

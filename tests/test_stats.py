@@ -187,6 +187,24 @@ def _req(scores: list[float], run: str, items: list[str] | None = None) -> pl.Da
     )
 
 
+def test_old_margin_keyword_warns_and_maps_to_ni_margin():
+    """``margin=`` (the old name of the non-inferiority margin δ) still works, with a warning."""
+    rng = np.random.default_rng(3)
+    ref = (rng.random(60) < 0.6).astype(float)
+    rel = np.where(rng.random(60) < 0.1, 1 - ref, ref)
+    new = S.accuracy_delta(_req(rel, "rel"), _req(ref, "ref"), ni_margin=0.1)
+    with pytest.warns(FutureWarning, match=r"margin= is deprecated, use ni_margin=") as rec:
+        old = S.accuracy_delta(_req(rel, "rel"), _req(ref, "ref"), margin=0.1)
+    assert "`margin` is a verification rule" in str(rec[0].message)
+    assert rec[0].filename == __file__  # points at the caller
+    assert old.equals(new)
+    d = rel - ref
+    with pytest.warns(FutureWarning):
+        assert S.noninferiority_ttest(d, margin=0.1) == S.noninferiority_ttest(d, 0.1)
+    with pytest.raises(TypeError, match="both margin= and ni_margin="):
+        S.accuracy_delta(_req(rel, "rel"), _req(ref, "ref"), margin=0.1, ni_margin=0.1)
+
+
 def test_accuracy_delta_matches_scipy_statsmodels():
     from scipy import stats as sps
     from statsmodels.stats.contingency_tables import mcnemar
@@ -195,7 +213,7 @@ def test_accuracy_delta_matches_scipy_statsmodels():
     rng = np.random.default_rng(11)
     ref = (rng.random(80) < 0.6).astype(float)
     rel = np.where(rng.random(80) < 0.15, 1 - ref, ref)
-    res = S.accuracy_delta(_req(rel, "rel"), _req(ref, "ref"), margin=0.05).row(0, named=True)
+    res = S.accuracy_delta(_req(rel, "rel"), _req(ref, "ref"), ni_margin=0.05).row(0, named=True)
     tt = sps.ttest_rel(rel, ref)
     assert res["delta"] == pytest.approx(np.mean(rel - ref))
     # One binary sample per item: Tango's score interval contains the estimate and is
@@ -229,7 +247,7 @@ def test_noninferiority_with_no_discordant_pair_is_not_certain():
     # (a discordant rate of 5% would give no discordant pair with probability 0.95^30 ≈ 0.21).
     # Tango's Z = 30·0.05 / √(30·(2·0.05 − 0.05·1.05)) = 1.2566 → p = 0.1045.
     same = np.array([1.0] * 20 + [0.0] * 10)
-    res = S.accuracy_delta(_req(same, "rel"), _req(same, "ref"), margin=0.05).row(0, named=True)
+    res = S.accuracy_delta(_req(same, "rel"), _req(same, "ref"), ni_margin=0.05).row(0, named=True)
     assert res["p_noninf"] == pytest.approx(0.10446, abs=1e-4)
     assert not res["noninferior"]
     assert res["ci_low"] == pytest.approx(-0.11351, abs=1e-4)
@@ -242,7 +260,7 @@ def test_accuracy_delta_items_with_several_samples_and_holm():
     from statsmodels.stats.multitest import multipletests
 
     rel, ref = make_paired_requests(60, delta=-0.02, samples=3, tasks=("a", "b", "c"), seed=2)
-    res = S.accuracy_delta(rel, ref, margin=0.1, correction="holm")
+    res = S.accuracy_delta(rel, ref, ni_margin=0.1, correction="holm")
     assert res["task"].to_list() == ["a", "b", "c"]
     assert res["n_items"].to_list() == [60] * 3 and res["n_pairs"].to_list() == [180] * 3
     # delta = mean over items of (item mean rel − item mean ref), by hand for task a.
@@ -252,7 +270,7 @@ def test_accuracy_delta_items_with_several_samples_and_holm():
     assert res["delta"][0] == pytest.approx(d.to_series().mean())
     adj = multipletests(res["p_noninf"].to_numpy(), method="holm")[1]
     assert res["p_noninf_adj"].to_numpy() == pytest.approx(adj)
-    bh = S.accuracy_delta(rel, ref, margin=0.1, correction="fdr_bh")
+    bh = S.accuracy_delta(rel, ref, ni_margin=0.1, correction="fdr_bh")
     assert bh["p_noninf_adj"].to_numpy() == pytest.approx(
         multipletests(res["p_noninf"].to_numpy(), method="fdr_bh")[1]
     )
@@ -262,7 +280,7 @@ def test_accuracy_delta_items_with_several_samples_and_holm():
 
 def test_accuracy_delta_continuous_scores_use_t_and_wilcoxon():
     rel, ref = make_paired_requests(50, delta=0.0, binary=False, seed=4)
-    res = S.accuracy_delta(rel, ref, margin=0.05).row(0, named=True)
+    res = S.accuracy_delta(rel, ref, ni_margin=0.05).row(0, named=True)
     assert not res["binary"] and math.isnan(res["p_mcnemar"])
     assert 0 <= res["p_ttest"] <= 1 and 0 <= res["p_wilcoxon"] <= 1
 
@@ -449,7 +467,9 @@ def _frames(run: dict, rule: str = "exact", **params) -> S.RunFrames:
 def test_audit_summary_keys_and_json():
     run = make_run(30, 6, 4, rule="exact", seed=1, run_id="nsd")
     ref = make_run(30, 6, 4, rule="exact", seed=2, run_id="ref")
-    out = S.audit_summary(_frames(run), reference=_frames(ref), baseline=_frames(ref), margin=0.1)
+    out = S.audit_summary(
+        _frames(run), reference=_frames(ref), baseline=_frames(ref), ni_margin=0.1
+    )
     assert out["schema_version"] == S.AUDIT_SCHEMA_VERSION
     for key in ("rejected_in_nucleus", "topk_share", "entropy", "tau_mean", "acceptance_rate",
                 "accuracy_delta", "hash_divergence", "counterfactual_nsd_first_order",
@@ -528,6 +548,28 @@ def test_audit_command_json_and_table(tmp_path):
     empty.mkdir()
     none = cli.invoke(main, ["audit", str(empty)])
     assert none.exit_code == 1 and "holds none" in none.output
+
+
+def test_audit_command_old_margin_option_warns(tmp_path):
+    """``--margin`` is the hidden deprecated spelling of ``--ni-margin``: same numbers."""
+    from click.testing import CliRunner
+
+    from relaxspec_audit.cli import main
+
+    run = _write_run(tmp_path / "a", make_run(12, 4, 4, seed=1, run_id="r1"), "r1")
+    ref = _write_run(tmp_path / "b", make_run(12, 4, 4, seed=2, run_id="r2"), "r2")
+    cli = CliRunner()
+    new = cli.invoke(main, ["audit", run, "--reference", ref, "--ni-margin", "0.1", "--json"])
+    old = cli.invoke(main, ["audit", run, "--reference", ref, "--margin", "0.1", "--json"])
+    assert new.exit_code == 0 and old.exit_code == 0, (new.output, old.output)
+    assert "--margin is deprecated, use --ni-margin" in old.stderr
+    assert "deprecated" not in new.stderr
+    out_new, out_old = json.loads(new.stdout), json.loads(old.stdout)
+    assert out_old["accuracy_delta"]["ni_margin"] == 0.1
+    assert out_old["accuracy_delta"] == out_new["accuracy_delta"]
+    assert "--margin" not in cli.invoke(main, ["audit", "--help"]).output  # hidden
+    both = cli.invoke(main, ["audit", run, "--ni-margin", "0.1", "--margin", "0.1"])
+    assert both.exit_code == 2 and "give --ni-margin only" in both.output
 
 
 def test_audit_summary_without_positions_still_reports_requests_level():

@@ -88,7 +88,7 @@ def format_table(s: dict[str, Any]) -> str:
 
     if "accuracy_delta" in s:
         a = s["accuracy_delta"]
-        section(f"Accuracy delta vs reference (margin δ = {a['margin']})")
+        section(f"Accuracy delta vs reference (non-inferiority margin δ = {a['ni_margin']})")
         kv("delta (pooled)", f"{_fmt(a['delta'])} {_ci(a)}  items = {a['n_items']}")
         kv("McNemar exact p", _fmt(a["p_mcnemar"]))
         kv("non-inferiority p", f"{_fmt(a['p_noninferiority'])}  ({_fmt(a['noninferior'])})")
@@ -139,7 +139,14 @@ def format_table(s: dict[str, Any]) -> str:
     default=None,
     help="θ values, e.g. 0.5,0.8,0.9,0.95 (default: the runs' es grid).",
 )
-@click.option("--margin", type=float, default=0.02, show_default=True, help="Non-inferiority δ.")
+@click.option(
+    "--ni-margin",
+    type=float,
+    default=0.02,
+    show_default=True,
+    help="Non-inferiority margin δ (score units).",
+)
+@click.option("--margin", "old_margin", type=float, default=None, hidden=True)  # deprecated
 @click.option("--alpha", type=float, default=0.05, show_default=True, help="1 − confidence.")
 @click.option(
     "--correction",
@@ -154,7 +161,8 @@ def audit(
     reference: str | None,
     baseline: str | None,
     theta_grid: tuple[float, ...] | None,
-    margin: float,
+    ni_margin: float,
+    old_margin: float | None,
     alpha: float,
     correction: str,
     as_json: bool,
@@ -163,8 +171,18 @@ def audit(
     from relaxspec_audit import stats
     from relaxspec_audit.collect.logs import LogError
 
-    if margin < 0:
-        raise click.BadParameter(f"must be >= 0, got {margin}", param_hint="--margin")
+    if old_margin is not None:
+        ctx = click.get_current_context()
+        if ctx.get_parameter_source("ni_margin") is click.core.ParameterSource.COMMANDLINE:
+            raise click.UsageError("give --ni-margin only (--margin is its deprecated name)")
+        click.echo(
+            "Warning: --margin is deprecated, use --ni-margin (the non-inferiority margin δ; "
+            "`margin` is a verification rule)",
+            err=True,
+        )
+        ni_margin = old_margin
+    if ni_margin < 0:
+        raise click.BadParameter(f"must be >= 0, got {ni_margin}", param_hint="--ni-margin")
     if not 0 < alpha < 1:
         raise click.BadParameter(f"must be in (0, 1), got {alpha}", param_hint="--alpha")
     try:
@@ -173,7 +191,7 @@ def audit(
             reference=[reference] if reference else None,
             baseline=[baseline] if baseline else None,
             theta_grid=theta_grid,
-            margin=margin,
+            ni_margin=ni_margin,
             alpha=alpha,
             correction=correction,
         )

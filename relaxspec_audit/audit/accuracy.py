@@ -2,10 +2,11 @@
 
 On per-item score differences (items paired by :mod:`relaxspec_audit.audit.pairing`):
 the paired t interval, McNemar's exact test (statsmodels), paired t and Wilcoxon tests,
-one-sided non-inferiority at a margin — Tango's score test and interval for paired
-binary outcomes (Tango 1998, Stat. Med. 17:891–908), else the paired t (Chow, Shao &
-Wang 2008; Wellek 2010) — equivalence TOST, and Holm/BH correction across tasks
-(statsmodels ``multipletests``). Formulas in docs/STATISTICS.md.
+one-sided non-inferiority at the non-inferiority margin δ (``ni_margin``) — Tango's
+score test and interval for paired binary outcomes (Tango 1998, Stat. Med.
+17:891–908), else the paired t (Chow, Shao & Wang 2008; Wellek 2010) — equivalence
+TOST, and Holm/BH correction across tasks (statsmodels ``multipletests``). Formulas in
+docs/STATISTICS.md.
 
 Only numpy, polars, scipy and statsmodels are imported: no torch.
 """
@@ -19,6 +20,7 @@ from typing import Literal
 import numpy as np
 import polars as pl
 
+from relaxspec_audit._compat import renamed_kwargs
 from relaxspec_audit.audit.frames import Frame
 from relaxspec_audit.audit.pairing import pair_requests
 
@@ -31,14 +33,15 @@ def _is_binary(x: np.ndarray) -> bool:
     return bool(np.all((x == 0) | (x == 1)))
 
 
-def noninferiority_ttest(d: np.ndarray, margin: float) -> float:
+@renamed_kwargs(margin="ni_margin")
+def noninferiority_ttest(d: np.ndarray, ni_margin: float) -> float:
     """One-sided paired non-inferiority p-value on per-item differences ``d``.
 
-    H0: ``E[d] ≤ −margin`` vs H1: ``E[d] > −margin`` (Chow, Shao & Wang 2008, *Sample
+    H0: ``E[d] ≤ −ni_margin`` vs H1: ``E[d] > −ni_margin`` (Chow, Shao & Wang 2008, *Sample
     Size Calculations in Clinical Research*, §3.2; Wellek 2010, *Testing Statistical
-    Hypotheses of Equivalence and Noninferiority*, §5): ``t = (d̄ + margin)/(s/√n)``,
-    ``p = 1 − F_{t, n−1}(t)`` — scipy ``ttest_1samp(d, −margin, alternative="greater")``.
-    With zero variance the test is decided by the sign of ``d̄ + margin``.
+    Hypotheses of Equivalence and Noninferiority*, §5): ``t = (d̄ + ni_margin)/(s/√n)``,
+    ``p = 1 − F_{t, n−1}(t)`` — scipy ``ttest_1samp(d, −ni_margin, alternative="greater")``.
+    With zero variance the test is decided by the sign of ``d̄ + ni_margin``.
     """
     from scipy import stats as sps
 
@@ -46,8 +49,8 @@ def noninferiority_ttest(d: np.ndarray, margin: float) -> float:
     if len(d) < 2:
         return float("nan")
     if np.ptp(d) == 0:
-        return 0.0 if d[0] > -margin else 1.0
-    return float(sps.ttest_1samp(d, -margin, alternative="greater").pvalue)
+        return 0.0 if d[0] > -ni_margin else 1.0
+    return float(sps.ttest_1samp(d, -ni_margin, alternative="greater").pvalue)
 
 
 def _tango_z(b: int, c: int, n: int, delta0: float) -> float:
@@ -72,18 +75,19 @@ def _tango_z(b: int, c: int, n: int, delta0: float) -> float:
     return num / math.sqrt(var)
 
 
-def tango_noninferiority(b: int, c: int, n: int, margin: float) -> float:
+@renamed_kwargs(margin="ni_margin")
+def tango_noninferiority(b: int, c: int, n: int, ni_margin: float) -> float:
     """One-sided non-inferiority p-value for paired binary outcomes (Tango 1998).
 
-    H0 ``p10 − p01 ≤ −margin`` vs H1 ``> −margin``; ``p = 1 − Φ(Z(−margin))``
+    H0 ``p10 − p01 ≤ −ni_margin`` vs H1 ``> −ni_margin``; ``p = 1 − Φ(Z(−ni_margin))``
     (:func:`_tango_z`). Unlike a t test on the ±1/0 differences it stays valid with
-    few or no discordant pairs: 30 concordant pairs at margin 0.05 give p ≈ 0.105, not 0.
+    few or no discordant pairs: 30 concordant pairs at δ = 0.05 give p ≈ 0.105, not 0.
     """
     from scipy.stats import norm
 
     if n < 1:
         return float("nan")
-    return float(norm.sf(_tango_z(b, c, n, -margin)))
+    return float(norm.sf(_tango_z(b, c, n, -ni_margin)))
 
 
 def tango_ci(b: int, c: int, n: int, alpha: float = 0.05) -> tuple[float, float]:
@@ -104,11 +108,12 @@ def tango_ci(b: int, c: int, n: int, alpha: float = 0.05) -> tuple[float, float]
     return float(max(low, -1.0)), float(min(high, 1.0))
 
 
+@renamed_kwargs(margin="ni_margin")
 def accuracy_delta(
     requests: Frame,
     reference: Frame,
     *,
-    margin: float = 0.02,
+    ni_margin: float = 0.02,
     by: Sequence[str] = ("task",),
     alpha: float = 0.05,
     correction: Literal["holm", "fdr_bh"] = "holm",
@@ -128,12 +133,12 @@ def accuracy_delta(
     * ``p_mcnemar``: McNemar exact test on the paired binary outcomes (statsmodels
       ``mcnemar(exact=True)``; binary scores only; pairs sample by sample);
     * ``p_ttest`` (paired t, ``ttest_1samp(d, 0)``) and ``p_wilcoxon`` (signed rank);
-    * ``p_noninf``: one-sided non-inferiority at ``margin``, H0 ``delta ≤ −margin``:
+    * ``p_noninf``: one-sided non-inferiority at ``ni_margin``, H0 ``delta ≤ −ni_margin``:
       Tango's score test (:func:`tango_noninferiority`) for binary scores with one
       sample per item, else the paired t (:func:`noninferiority_ttest`); with zero
       variance of non-binary differences the t test is undefined and ``p_noninf`` is
       NaN (never certified); ``noninferior`` when its corrected p < α;
-    * ``p_tost``: equivalence TOST on ``[−margin, margin]`` (statsmodels ``ttost_paired``;
+    * ``p_tost``: equivalence TOST on ``[−ni_margin, ni_margin]`` (statsmodels ``ttost_paired``;
       for one binary sample per item, the larger of Tango's two one-sided score tests);
     * ``p_noninf_adj``: ``p_noninf`` corrected across groups (``multipletests``,
       ``holm`` or ``fdr_bh``).
@@ -141,7 +146,7 @@ def accuracy_delta(
     Args:
         requests: relaxed run(s)' ``requests`` (``item_id``, ``score``, ``by`` columns).
         reference: reference run(s)' ``requests``.
-        margin: non-inferiority margin δ (score units; 0.02 = 2 points on a 0–1 score).
+        ni_margin: non-inferiority margin δ (score units; 0.02 = 2 points on a 0–1 score).
         by: one row per group (``task`` by default).
         alpha: 1 − confidence level and the tests' level.
         correction: multiple-testing method across groups.
@@ -158,8 +163,8 @@ def accuracy_delta(
 
     if correction not in ("holm", "fdr_bh"):
         raise ValueError(f"correction: must be 'holm' or 'fdr_bh', got {correction!r}")
-    if margin < 0:
-        raise ValueError(f"margin: must be >= 0, got {margin}")
+    if ni_margin < 0:
+        raise ValueError(f"ni_margin: must be >= 0, got {ni_margin}")
     by = list(by)
     pairs = pair_requests(requests, reference, ["score"], by=by)
     pairs = pairs.filter(pl.col("score_rel").is_not_null() & pl.col("score_ref").is_not_null())
@@ -196,17 +201,19 @@ def accuracy_delta(
             p_w = float(sps.wilcoxon(d, zero_method="wilcox", method="asymptotic").pvalue)
         ci_low, ci_high = mean - tq * se, mean + tq * se
         # Zero-variance differences leave the t tests undefined: NaN, never certified.
-        p_ni = float("nan") if degenerate else noninferiority_ttest(d, margin)
+        p_ni = float("nan") if degenerate else noninferiority_ttest(d, ni_margin)
         p_tost = (
-            float("nan") if degenerate else float(ttost_paired(x_rel, x_ref, -margin, margin)[0])
+            float("nan")
+            if degenerate
+            else float(ttost_paired(x_rel, x_ref, -ni_margin, ni_margin)[0])
         )
         if binary and part.height == n:
             # One paired binary outcome per item: Tango's score test and interval; TOST as
             # the larger of the two one-sided score tests (H0 Δ ≤ −δ and H0 Δ ≥ +δ).
             n10, n01 = int(np.sum(d > 0)), int(np.sum(d < 0))
-            p_ni = tango_noninferiority(n10, n01, n, margin)
+            p_ni = tango_noninferiority(n10, n01, n, ni_margin)
             ci_low, ci_high = tango_ci(n10, n01, n, alpha)
-            p_upper = float(sps.norm.cdf(_tango_z(n10, n01, n, margin)))
+            p_upper = float(sps.norm.cdf(_tango_z(n10, n01, n, ni_margin)))
             p_tost = max(p_ni, p_upper)
         row = dict(zip(by, key, strict=True))
         row.update(

@@ -23,6 +23,7 @@ from typing import Any, Literal
 import numpy as np
 import polars as pl
 
+from relaxspec_audit._compat import renamed_kwargs
 from relaxspec_audit.audit.accuracy import accuracy_delta
 from relaxspec_audit.audit.frames import Frame, _lazy, json_safe
 from relaxspec_audit.audit.speedup import paired_speedup
@@ -35,13 +36,13 @@ class Verdict:
     """The sign-off of a relaxed setting (THEORY §3).
 
     Attributes:
-        status: ``PASS`` (non-inferior at the margin on the confirmation split, with
+        status: ``PASS`` (non-inferior at δ on the confirmation split, with
             enough items), ``FAIL`` (shown inferior, over the ε cap, or not non-inferior
             with an adequately powered confirmation), or ``INCONCLUSIVE`` (too few items
             to decide; ``n_required`` says how many).
         setting: the chosen setting (e.g. ``{"theta": 0.9}``), or None.
         reasons: plain-language reasons, in the order they were established.
-        numbers: the numbers behind the decision (frontier, confirmation row, margin…).
+        numbers: the numbers behind the decision (frontier, confirmation row, ``ni_margin``…).
         n_required: items per split needed for the one-sided non-inferiority test to
             have the requested power (:func:`required_items`), when computed.
     """
@@ -61,9 +62,10 @@ class Verdict:
         return json.dumps(self.to_dict(), indent=indent)
 
 
+@renamed_kwargs(margin="ni_margin")
 def required_items(
     sd_diff: float,
-    margin: float,
+    ni_margin: float,
     *,
     true_delta: float = 0.0,
     alpha: float = 0.05,
@@ -71,12 +73,12 @@ def required_items(
 ) -> int:
     """Items needed by the one-sided paired non-inferiority t test.
 
-    H0 ``delta ≤ −margin`` vs H1 ``delta > −margin`` on per-item differences with sd
+    H0 ``delta ≤ −ni_margin`` vs H1 ``delta > −ni_margin`` on per-item differences with sd
     ``σ_d``, when the true delta is ``true_delta``. Normal approximation (Chow, Shao &
     Wang 2008, *Sample Size Calculations in Clinical Research*, §3.1.2/§3.2.2; Julious
     2004, Stat. Med. 23:1921)::
 
-        n ≈ (z_{1−α} + z_{1−β})² σ_d² / (true_delta + margin)²
+        n ≈ (z_{1−α} + z_{1−β})² σ_d² / (true_delta + ni_margin)²
 
     solved exactly for the noncentral t with statsmodels ``TTestPower.solve_power``
     (one-sample t on differences, ``alternative="larger"``). For paired binary scores
@@ -84,13 +86,13 @@ def required_items(
     Liu et al. 2002, Stat. Med. 21).
 
     Raises:
-        ValueError: ``margin + true_delta ≤ 0`` (no power possible) or ``sd_diff < 0``.
+        ValueError: ``ni_margin + true_delta ≤ 0`` (no power possible) or ``sd_diff < 0``.
     """
     from statsmodels.stats.power import TTestPower
 
-    effect = true_delta + margin
+    effect = true_delta + ni_margin
     if effect <= 0:
-        raise ValueError(f"margin: margin + true_delta must be > 0, got {effect}")
+        raise ValueError(f"ni_margin: ni_margin + true_delta must be > 0, got {effect}")
     if not sd_diff >= 0:
         raise ValueError(f"sd_diff: must be >= 0, got {sd_diff}")
     if sd_diff == 0:
@@ -155,12 +157,13 @@ def _with_item_key(frame: Frame, name: str) -> pl.DataFrame:
     return df
 
 
+@renamed_kwargs(margin="ni_margin")
 def frontier(
     requests: Frame,
     reference: Frame,
     setting_cols: Sequence[str],
     *,
-    margin: float = 0.02,
+    ni_margin: float = 0.02,
     alpha: float = 0.05,
     eps: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
@@ -179,7 +182,7 @@ def frontier(
         reference: the reference run's ``requests`` (same items).
         setting_cols: the columns that identify a setting (``["theta"]``,
             ``["budget", "gate", "cap"]``).
-        margin: non-inferiority margin δ.
+        ni_margin: non-inferiority margin δ.
         alpha: 1 − confidence level and the test level.
         eps: optional frame keyed by ``setting_cols`` with an ``eps`` column (mean
             per-token deviation ε of the setting, e.g. from
@@ -201,7 +204,7 @@ def frontier(
     ref = ref.drop([c for c in cols if c in ref.columns])
     rows = []
     for key, part in rel.partition_by(cols, as_dict=True, maintain_order=True).items():
-        acc = accuracy_delta(part, ref, margin=margin, by=[], alpha=alpha).row(0, named=True)
+        acc = accuracy_delta(part, ref, ni_margin=ni_margin, by=[], alpha=alpha).row(0, named=True)
         spd = paired_speedup(part, ref, by=[], alpha=alpha).row(0, named=True)
         tau = None
         if {"n_tokens", "target_passes"} <= set(part.columns):
@@ -263,12 +266,13 @@ def _split(df: pl.DataFrame, col: str, value: str, name: str) -> pl.DataFrame:
     return part
 
 
+@renamed_kwargs(margin="ni_margin")
 def recommend(
     requests: Frame,
     reference: Frame,
     setting_cols: Sequence[str],
     *,
-    margin: float = 0.02,
+    ni_margin: float = 0.02,
     eps_cap: float | None = None,
     eps: pl.DataFrame | None = None,
     alpha: float = 0.05,
@@ -284,9 +288,9 @@ def recommend(
 
     1. Split requests and reference by ``split_col``; the two splits must not share an
        item (else ``ValueError``).
-    2. Discovery frontier (:func:`frontier`); candidates are non-inferior at ``margin``
+    2. Discovery frontier (:func:`frontier`); candidates are non-inferior at ``ni_margin``
        (one-sided p < α) and, with ``eps_cap``, have ``eps ≤ eps_cap``. None → ``FAIL``
-       when every setting is shown inferior (CI upper end < −margin) or over the cap,
+       when every setting is shown inferior (CI upper end < −ni_margin) or over the cap,
        else ``INCONCLUSIVE``.
     3. The fastest candidate (:func:`_fastest`: most tokens per target pass, ties broken
        by accuracy delta, deviation, then setting values) is re-tested on the
@@ -301,7 +305,7 @@ def recommend(
         requests: relaxed runs' ``requests`` with the setting columns and ``split``.
         reference: the reference run's ``requests`` (with ``split``).
         setting_cols: columns identifying a setting.
-        margin: non-inferiority margin δ (score units).
+        ni_margin: non-inferiority margin δ (score units).
         eps_cap: optional cap on the setting's mean per-token deviation ε.
         eps: frame keyed by ``setting_cols`` with column ``eps`` (needed with a cap).
         alpha: test level.
@@ -333,11 +337,11 @@ def recommend(
             f"{split_col}: {len(overlap)} item(s) in both {discovery!r} and {confirmation!r} "
             f"(e.g. {sorted(overlap)[:3]}); the splits must be disjoint"
         )
-    numbers: dict[str, Any] = {"margin": margin, "alpha": alpha, "power": power}
+    numbers: dict[str, Any] = {"ni_margin": ni_margin, "alpha": alpha, "power": power}
     numbers["eps_cap"] = eps_cap
     reasons: list[str] = []
 
-    fd = frontier(rel_d, ref_d, cols, margin=margin, alpha=alpha, eps=eps)
+    fd = frontier(rel_d, ref_d, cols, ni_margin=ni_margin, alpha=alpha, eps=eps)
     numbers["discovery"] = fd.to_dicts()
     cand = fd.filter(pl.col("noninferior"))
     if eps_cap is not None:
@@ -348,19 +352,19 @@ def recommend(
 
     n_disc = int(fd["n_items"].max())
     if cand.height == 0:
-        inferior = fd.filter(pl.col("ci_high") < -margin)
+        inferior = fd.filter(pl.col("ci_high") < -ni_margin)
         allowed = fd if eps_cap is None else fd.filter(pl.col("eps") <= eps_cap)
-        if allowed.height == 0 or allowed.filter(pl.col("ci_high") >= -margin).height == 0:
+        if allowed.height == 0 or allowed.filter(pl.col("ci_high") >= -ni_margin).height == 0:
             reasons.append(
-                f"no setting is non-inferior at margin {margin} on discovery: "
-                f"{inferior.height} of {fd.height} are shown inferior (CI upper < −{margin})"
+                f"no setting is non-inferior at δ = {ni_margin} on discovery: "
+                f"{inferior.height} of {fd.height} are shown inferior (CI upper < −{ni_margin})"
             )
             return Verdict("FAIL", None, reasons, numbers)
-        best = _fastest(allowed.filter(pl.col("ci_high") >= -margin), cols)
+        best = _fastest(allowed.filter(pl.col("ci_high") >= -ni_margin), cols)
         sd = planning_sd(best["sd_diff"], best["n_items"], best["binary"])
-        n_req = required_items(sd, margin, alpha=alpha, power=power)
+        n_req = required_items(sd, ni_margin, alpha=alpha, power=power)
         reasons.append(
-            f"no setting shown non-inferior at margin {margin} on discovery "
+            f"no setting shown non-inferior at δ = {ni_margin} on discovery "
             f"({n_disc} items); about {n_req} items per split are needed for power {power}"
         )
         numbers["planning_sd"] = sd
@@ -375,7 +379,7 @@ def recommend(
         f"p_noninf {chosen['p_noninf']:.3g}, {chosen['n_items']} items)"
     )
     sd = planning_sd(chosen["sd_diff"], chosen["n_items"], chosen["binary"])
-    n_req = max(min_items, required_items(sd, margin, alpha=alpha, power=power))
+    n_req = max(min_items, required_items(sd, ni_margin, alpha=alpha, power=power))
     numbers["planning_sd"] = sd
 
     match = pl.all_horizontal([pl.col(c) == v for c, v in setting.items()])
@@ -383,24 +387,26 @@ def recommend(
     if conf_rel.height == 0:
         reasons.append(f"confirmation: no requests for setting {setting}")
         return Verdict("INCONCLUSIVE", setting, reasons, numbers, n_required=n_req)
-    fc = frontier(conf_rel, ref_c, cols, margin=margin, alpha=alpha, eps=eps).row(0, named=True)
+    fc = frontier(conf_rel, ref_c, cols, ni_margin=ni_margin, alpha=alpha, eps=eps).row(
+        0, named=True
+    )
     numbers["confirmation"] = fc
     if fc["n_items"] < n_req:
         reasons.append(
             f"confirmation has {fc['n_items']} items; at least {n_req} are needed "
-            f"(power {power} at margin {margin}, planning sd {sd:.3g}, minimum {min_items})"
+            f"(power {power} at δ = {ni_margin}, planning sd {sd:.3g}, minimum {min_items})"
         )
         return Verdict("INCONCLUSIVE", setting, reasons, numbers, n_required=n_req)
     if fc["noninferior"]:
         reasons.append(
-            f"confirmation: non-inferior at margin {margin} (delta {fc['delta']:+.4f}, "
+            f"confirmation: non-inferior at δ = {ni_margin} (delta {fc['delta']:+.4f}, "
             f"CI [{fc['ci_low']:+.4f}, {fc['ci_high']:+.4f}], p {fc['p_noninf']:.3g}, "
             f"{fc['n_items']} items); speedup {fc['speedup']:.3g}"
         )
         return Verdict("PASS", setting, reasons, numbers, n_required=n_req)
-    shown = "shown inferior" if fc["ci_high"] < -margin else "not shown non-inferior"
+    shown = "shown inferior" if fc["ci_high"] < -ni_margin else "not shown non-inferior"
     reasons.append(
-        f"confirmation: {shown} at margin {margin} (delta {fc['delta']:+.4f}, "
+        f"confirmation: {shown} at δ = {ni_margin} (delta {fc['delta']:+.4f}, "
         f"CI [{fc['ci_low']:+.4f}, {fc['ci_high']:+.4f}], p {fc['p_noninf']:.3g})"
     )
     return Verdict("FAIL", setting, reasons, numbers, n_required=n_req)

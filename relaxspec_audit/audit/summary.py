@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import polars as pl
 
+from relaxspec_audit._compat import renamed_kwargs
 from relaxspec_audit.audit.accuracy import accuracy_delta
 from relaxspec_audit.audit.anatomy import (
     DEFAULT_THETA_GRID,
@@ -45,7 +46,7 @@ from relaxspec_audit.audit.frames import (
 from relaxspec_audit.audit.speedup import acceptance_by_position, paired_speedup, speed
 
 #: Version of the JSON written by :func:`audit_summary` (docs/STATISTICS.md lists the keys).
-AUDIT_SCHEMA_VERSION = 1
+AUDIT_SCHEMA_VERSION = 2
 
 
 # Columns audit_summary reads from rounds / requests (prompt_ids, text, … are skipped:
@@ -62,13 +63,14 @@ def _needed(frame: Frame, name: str, cols: Sequence[str]) -> pl.DataFrame:
     return lf.select([c for c in cols if c in have]).collect().rechunk()
 
 
+@renamed_kwargs(margin="ni_margin")
 def audit_summary(
     runs: RunFrames | str | Path | Iterable[str | Path],
     *,
     reference: RunFrames | str | Path | Iterable[str | Path] | None = None,
     baseline: RunFrames | str | Path | Iterable[str | Path] | None = None,
     theta_grid: Sequence[float] | None = None,
-    margin: float = 0.02,
+    ni_margin: float = 0.02,
     alpha: float = 0.05,
     correction: Literal["holm", "fdr_bh"] = "holm",
 ) -> dict[str, Any]:
@@ -86,7 +88,7 @@ def audit_summary(
         baseline: the target-only run(s), same forms.
         theta_grid: θ grid for the rejection anatomy and counterfactual (default: the
             runs' ``es`` grid from the manifest, else :data:`DEFAULT_THETA_GRID`).
-        margin: non-inferiority margin δ on the score scale.
+        ni_margin: non-inferiority margin δ on the score scale.
         alpha: 1 − confidence level.
         correction: ``holm`` or ``fdr_bh`` across tasks.
 
@@ -200,9 +202,9 @@ def audit_summary(
         by = ["task"] if "task" in requests.columns and "task" in ref_req.columns else []
         if requests["score"].is_not_null().any() and ref_req["score"].is_not_null().any():
             acc = accuracy_delta(
-                requests, ref_req, margin=margin, by=by, alpha=alpha, correction=correction
+                requests, ref_req, ni_margin=ni_margin, by=by, alpha=alpha, correction=correction
             )
-            pooled = accuracy_delta(requests, ref_req, margin=margin, by=[], alpha=alpha)
+            pooled = accuracy_delta(requests, ref_req, ni_margin=ni_margin, by=[], alpha=alpha)
             p0 = pooled.row(0, named=True)
             out["accuracy_delta"] = json_safe(
                 {
@@ -212,7 +214,7 @@ def audit_summary(
                     "p_mcnemar": p0["p_mcnemar"],
                     "p_noninferiority": p0["p_noninf"],
                     "noninferior": p0["noninferior"],
-                    "margin": margin,
+                    "ni_margin": ni_margin,
                     "n_items": p0["n_items"],
                     "per_task": _records(acc, acc.columns),
                 }

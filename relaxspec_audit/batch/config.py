@@ -9,7 +9,7 @@ Config schema (version 1), see ``relaxspec_audit/configs/demo.yaml`` for an exam
     batch: demo                  # name: reports go to <out>/<batch>/
     defaults: {k: 4, limit: 8}   # RunConfig fields shared by every run
     notebooks: [fidelity, ...]   # which notebooks to render per task (default: all but collect)
-    parameters: {delta: 0.05}    # notebook parameters shared by every task
+    parameters: {ni_margin: 0.05}  # notebook parameters shared by every task
     tasks:
       - task: arith              # registry name or a JSONL path
         splits: [discovery, confirmation]
@@ -20,7 +20,9 @@ Config schema (version 1), see ``relaxspec_audit/configs/demo.yaml`` for an exam
             temperature: 1.0     # any RunConfig field can be set per rule or per task
 
 Errors name the field by its path in the config, e.g.
-``demo.yaml:14: tasks[1].rules[2].theta: must be in (0, 1], got 1.5``.
+``demo.yaml:14: tasks[1].rules[2].theta: must be in (0, 1], got 1.5``. Deprecated
+spellings (a rule's old parameter names, the notebook parameter ``margin`` for
+``ni_margin``) are mapped with a ``FutureWarning`` naming the file and line.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +48,8 @@ BATCH_SCHEMA_VERSION = 1
 DEFAULT_NOTEBOOKS = ("rejection_anatomy", "fidelity", "choose_setting", "signoff")
 #: Notebook parameters the batch sets itself; a config may not set them.
 BATCH_PARAMETERS = ("runs_dir", "task", "numbers_path")
+#: Deprecated notebook-parameter names, mapped (with a ``FutureWarning``) to the new ones.
+PARAMETER_ALIASES = {"margin": "ni_margin"}
 #: Bundled configs (package data).
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -302,7 +307,21 @@ class _Validator:
                 self.fail(
                     f"{path}.{name}", "is set by the batch runner, not the config", value, name
                 )
-        return dict(value)
+        out = dict(value)
+        for old, new in PARAMETER_ALIASES.items():
+            if old not in out:
+                continue
+            if new in out:
+                self.fail(f"{path}.{old}", f"give {new} only ({old} is its old name)", value, old)
+            where = f"{self.source or 'config'}:{_line(value, old) or '?'}"
+            warnings.warn(
+                f"{where}: {path}.{old}: deprecated, use {new!r} (the non-inferiority margin "
+                f"δ; `{old}` is a verification rule)",
+                FutureWarning,  # shown by default: configs are written by users
+                stacklevel=2,
+            )
+            out[new] = out.pop(old)
+        return out
 
     def task(
         self,
@@ -469,18 +488,28 @@ class _Validator:
             for name in plan.parameters:
                 if not any(name in d for d in declared.values()):
                     own = tasks[i].get("parameters") or {}
-                    path, container = (
-                        (f"tasks[{i}].parameters.{name}", own)
-                        if name in own
-                        else (f"parameters.{name}", top.get("parameters"))
-                    )
+                    key = _written(own, name)
+                    if key is not None:
+                        path, container = f"tasks[{i}].parameters.{key}", own
+                    else:
+                        container = top.get("parameters") or {}
+                        key = _written(container, name) or name
+                        path = f"parameters.{key}"
                     self.fail(
                         path,
                         f"unknown notebook parameter (notebooks {', '.join(notebooks)} "
                         f"declare: {', '.join(known)})",
                         container,
-                        name,
+                        key,
                     )
+
+
+def _written(parameters: Mapping, name: str) -> str | None:
+    """The key ``name`` was written as in a ``parameters`` block (maybe its old spelling)."""
+    if name in parameters:
+        return name
+    old = next((o for o, n in PARAMETER_ALIASES.items() if n == name and o in parameters), None)
+    return old
 
 
 def _resolve_model(value: str) -> str | None:

@@ -10,14 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from relaxspec_audit._compat import renamed_kwargs
 from relaxspec_audit.report.runs import LOSSLESS, _baseline, _match, reference_rule, runs_table
 
 
+@renamed_kwargs(margin="ni_margin")
 def audit_table(
     runs_dir: str | Path,
     task: str,
     *,
-    margin: float = 0.02,
+    ni_margin: float = 0.02,
     alpha: float = 0.05,
     split: str | None = None,
 ) -> Any:
@@ -30,7 +32,7 @@ def audit_table(
     Args:
         runs_dir: folder of run folders.
         task: task name.
-        margin: non-inferiority margin δ on the score scale.
+        ni_margin: non-inferiority margin δ on the score scale.
         alpha: 1 − confidence level.
         split: only this split (None: every split).
 
@@ -62,7 +64,7 @@ def audit_table(
         base_dir = _baseline(table, row)
         summary = stats.audit_summary(
             [row["run_dir"]], reference=[ref_dir] if ref_dir else None,
-            baseline=[base_dir] if base_dir else None, margin=margin, alpha=alpha,
+            baseline=[base_dir] if base_dir else None, ni_margin=ni_margin, alpha=alpha,
         )  # fmt: skip
         acc = summary.get("accuracy_delta") or {}
         hd = summary.get("hash_divergence") or {}
@@ -72,7 +74,9 @@ def audit_table(
         ref_summary = None
         if ref_dir is not None:
             if ref_dir not in ref_cache:
-                ref_cache[ref_dir] = stats.audit_summary([ref_dir], margin=margin, alpha=alpha)
+                ref_cache[ref_dir] = stats.audit_summary(
+                    [ref_dir], ni_margin=ni_margin, alpha=alpha
+                )
             ref_summary = ref_cache[ref_dir]
         score = _mean_score(row["run_dir"])
         rows.append(

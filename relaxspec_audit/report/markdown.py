@@ -41,7 +41,7 @@ def signoff_markdown(summary: Mapping[str, Any]) -> str:
         "against its lossless reference, the caveats, and how the runs were made. "
         "`summary.json` beside this page holds the same numbers.",
         "",
-        f"Non-inferiority margin δ = {100 * summary['margin']:g} points, "
+        f"Non-inferiority margin δ = {100 * summary['ni_margin']:g} points, "
         f"{100 * (1 - summary['alpha']):g}% intervals. Status: **{summary['status']}**.",
     ]
     if not summary.get("families"):

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from relaxspec_audit._compat import renamed_kwargs
+
 #: Report-width figure size in inches (about 750 px at 100 dpi).
 WIDTH, HEIGHT = 7.5, 3.6
 _STYLE = {
@@ -209,12 +211,13 @@ def _labels(table: Any) -> list[str]:
     ]
 
 
-def accuracy_deltas(table: Any, margin: float) -> Any:
-    """Forest plot of paired accuracy deltas (points) with CI and the margin −δ (THEORY §3).
+@renamed_kwargs(margin="ni_margin")
+def accuracy_deltas(table: Any, ni_margin: float) -> Any:
+    """Forest plot of paired accuracy deltas (points) with CI and the line at −δ (THEORY §3).
 
     Args:
         table: ``report.audit_table`` rows (relaxed rules; references are skipped).
-        margin: non-inferiority margin δ in score units (drawn at −100·δ points).
+        ni_margin: non-inferiority margin δ in score units (drawn at −100·δ points).
     """
     import numpy as np
     import polars as pl
@@ -232,11 +235,11 @@ def accuracy_deltas(table: Any, margin: float) -> Any:
         ax.errorbar(e, yi, xerr=[[lo], [hi]], fmt="o", color=color, capsize=3)
     ax.axvline(0, color="0.3", linewidth=1)
     ax.axvline(
-        -100 * margin,
+        -100 * ni_margin,
         color="#9a6700",
         linestyle="--",
         linewidth=1,
-        label=f"−δ = {-100 * margin:g} pt",
+        label=f"−δ = {-100 * ni_margin:g} pt",
     )
     ax.set_yticks(y, _labels(rel))
     ax.set_xlabel("accuracy delta vs reference (percentage points, 95% CI)")
@@ -312,7 +315,8 @@ def bound_vs_measured(table: Any) -> Any:
     return fig
 
 
-def frontier(table: Any, margin: float | None = None, chosen: Sequence[str] = ()) -> Any:
+@renamed_kwargs(margin="ni_margin")
+def frontier(table: Any, ni_margin: float | None = None, chosen: Sequence[str] = ()) -> Any:
     """Speed vs fidelity of every setting (THEORY §3 "Choosing θ or a budget").
 
     x: speed-up over the reference rule; y: accuracy delta in points with CI (or, for a
@@ -321,7 +325,7 @@ def frontier(table: Any, margin: float | None = None, chosen: Sequence[str] = ()
 
     Args:
         table: ``report.audit_table`` rows (one split is clearer).
-        margin: non-inferiority margin δ (score units) drawn at −100·δ.
+        ni_margin: non-inferiority margin δ (score units) drawn at −100·δ.
         chosen: setting labels to highlight.
     """
     import polars as pl
@@ -358,9 +362,9 @@ def frontier(table: Any, margin: float | None = None, chosen: Sequence[str] = ()
     ax.axvline(1.0, color="0.5", linewidth=1)
     if scored:
         ax.axhline(0, color="0.3", linewidth=1)
-        if margin is not None:
-            ax.axhline(-100 * margin, color="#9a6700", linestyle="--", linewidth=1,
-                       label=f"−δ = {-100 * margin:g} pt")  # fmt: skip
+        if ni_margin is not None:
+            ax.axhline(-100 * ni_margin, color="#9a6700", linestyle="--", linewidth=1,
+                       label=f"−δ = {-100 * ni_margin:g} pt")  # fmt: skip
         ax.set_ylabel("accuracy delta vs reference (points, 95% CI)")
     else:
         ax.set_ylabel("outputs identical to the reference (%)")
