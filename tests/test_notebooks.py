@@ -25,6 +25,7 @@ from test_batch import fake_collect, small_config
 
 from relaxspec_audit import batch, report, stats
 from relaxspec_audit.collect import logs
+from relaxspec_audit.collect.config import RunConfig
 
 NOTEBOOKS = sorted(batch.NOTEBOOK_DIR.glob("*.ipynb"))
 
@@ -78,8 +79,12 @@ def test_notebook_shape(path):
 
 
 def test_validate_parameters_names_the_bad_one(tmp_path):
-    with pytest.raises(ValueError, match=r"^margin: must be a number >= 0"):
-        report.validate_parameters(margin=-1)
+    with pytest.raises(ValueError, match=r"^ni_margin: must be a number >= 0"):
+        report.validate_parameters(ni_margin=-1)
+    with pytest.raises(
+        ValueError, match=r"^margin: unknown notebook parameter \(renamed ni_margin\)"
+    ):
+        report.validate_parameters(margin=0.1)
     with pytest.raises(ValueError, match=r"^thetas: every θ must be in \(0, 1\]"):
         report.validate_parameters(thetas=[0.5, 1.5])
     with pytest.raises(ValueError, match=r"^alpha: must be in \(0, 1\)"):
@@ -94,7 +99,7 @@ def test_validate_parameters_names_the_bad_one(tmp_path):
         report.validate_parameters(runs_dir=str(tmp_path), task="arith")
     with pytest.raises(ValueError, match=r"^bogus: unknown notebook parameter"):
         report.validate_parameters(bogus=1)
-    assert report.validate_parameters(margin=0.0, alpha=0.05) is None
+    assert report.validate_parameters(ni_margin=0.0, alpha=0.05) is None
 
 
 # ---------------------------------------------------------------------- executed
@@ -114,7 +119,9 @@ def render_all(tmp_path_factory) -> tuple:
         mp = pytest.MonkeyPatch()
         mp.setattr(batch.runner, "_collect_one", fake_collect)
         try:
-            config = small_config(tmp, notebooks=list(batch.NOTEBOOKS), parameters={"margin": 0.3})
+            config = small_config(
+                tmp, notebooks=list(batch.NOTEBOOKS), parameters={"ni_margin": 0.3}
+            )
             result = batch.run_batch(config, out=tmp / "reports", runs=tmp / "runs", progress=False)
         finally:
             mp.undo()
@@ -129,9 +136,9 @@ def rendered(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def expected_audit(rendered):
-    """The audit table recomputed here, outside the kernels (margin as configured)."""
+    """The audit table recomputed here, outside the kernels (ni_margin as configured)."""
     _, runs = rendered
-    return report.audit_table(runs, "arith", margin=0.3)
+    return report.audit_table(runs, "arith", ni_margin=0.3)
 
 
 def _numbers(result, name: str) -> dict:
@@ -172,8 +179,9 @@ def test_rejection_anatomy_numbers(rendered):
     result, runs = rendered
     numbers = _numbers(result, "rejection_anatomy")
     exact = stats.RunFrames.load(report.run_dirs(runs, "arith", rule="exact"))
-    thetas = [0.5, 0.7, 0.8, 0.9, 0.95, 0.99]  # the notebook's default grid
-    expected = stats.rejection_anatomy(exact.positions, thetas).filter(
+    # The notebook's default grid is the one the runs logged E_S on (one θ grid).
+    assert exact.theta_grid == RunConfig().theta_grid
+    expected = stats.rejection_anatomy(exact.positions, exact.theta_grid).filter(
         pl.col("measure") == "nucleus"
     )
     shown = [r for r in numbers["rejected_in_nucleus"] if r["measure"] == "nucleus"]
@@ -199,7 +207,7 @@ def test_fidelity_numbers(rendered, expected_audit):
     acc = stats.accuracy_delta(
         logs.scan([row["run_dir"]], "requests"),
         logs.scan([row["reference_dir"]], "requests"),
-        margin=0.3,
+        ni_margin=0.3,
         by=[],
     )
     assert row["accuracy_delta"] == pytest.approx(acc["delta"][0])
@@ -209,7 +217,7 @@ def test_fidelity_numbers(rendered, expected_audit):
 def test_choose_setting_and_signoff_numbers(rendered, expected_audit):
     result, runs = rendered
     choices = _numbers(result, "choose_setting")["choices"]
-    expected = report.recommend(runs, "arith", margin=0.3, table=expected_audit)
+    expected = report.recommend(runs, "arith", ni_margin=0.3, table=expected_audit)
     assert [(c["rule"], c["verdict"], c["chosen"]) for c in choices] == [
         (c["rule"], c["verdict"], c["chosen"]) for c in expected
     ]
@@ -219,7 +227,7 @@ def test_choose_setting_and_signoff_numbers(rendered, expected_audit):
     summary = json.loads((result.report_dir / "arith" / "summary.json").read_text())
     assert summary["schema"] == report.SUMMARY_SCHEMA
     assert summary["schema_version"] == report.SUMMARY_SCHEMA_VERSION
-    assert summary["margin"] == signoff["margin"] == 0.3
+    assert summary["ni_margin"] == signoff["ni_margin"] == 0.3
     assert [(f["rule"], f["verdict"], f["chosen"]) for f in summary["families"]] == [
         (c["rule"], c["verdict"], c["chosen"]) for c in expected
     ]

@@ -176,7 +176,7 @@ def test_asd_given_only_budget_keeps_its_rows_in_the_signoff(tmp_path):
     assert {"rule": "asd", "budget": [2.0, 8.0]} in data["tasks"][0]["rules"]  # budget only
     for config in batch.load_config(data).all_runs():
         fake_collect(config.to_json(), str(tmp_path / "runs"), 1)
-    summary = report.task_summary(tmp_path / "runs", "arith", margin=0.5)
+    summary = report.task_summary(tmp_path / "runs", "arith", ni_margin=0.5)
     asd = next(f for f in summary["families"] if f["rule"] == "asd")
     assert asd["chosen"] is not None, asd["reasons"]
     assert set(asd["chosen"]) == {"budget", "gate", "cap"}
@@ -189,3 +189,27 @@ def test_asd_given_only_budget_keeps_its_rows_in_the_signoff(tmp_path):
     report.write_json(summary, written)
     back = next(f for f in json.loads(written.read_text())["families"] if f["rule"] == "asd")
     assert back["confirmation"]["setting"] == asd["setting"]
+
+
+def test_shown_setting_of_an_unscored_family_ignores_wall_clock():
+    """Equal τ is broken by the logs (delta, ε, value), never by a noisy wall-clock speed-up:
+    the demo's story task showed θ = 0.9 on one run and θ = 0.95 on the next."""
+    import polars as pl
+
+    from relaxspec_audit.report.summary import fastest_setting
+
+    rows = pl.DataFrame(
+        {
+            "setting": ["nucleus θ=0.8", "nucleus θ=0.9", "nucleus θ=0.95"],
+            "value": [0.8, 0.9, 0.95],
+            "tau": [3.975, 3.992, 3.992],
+            "accuracy_delta": [None, None, None],
+            "eps_mean": [0.01, 0.02, 0.02],
+            "speedup_vs_reference": [1.2, 0.7, 0.9],
+        },
+        schema_overrides={"accuracy_delta": pl.Float64},
+    )
+    assert fastest_setting(rows) == "nucleus θ=0.9"
+    flipped = rows.with_columns(pl.Series("speedup_vs_reference", [1.2, 0.9, 0.7]))
+    assert fastest_setting(flipped) == "nucleus θ=0.9"
+    assert fastest_setting(rows.clear()) is None

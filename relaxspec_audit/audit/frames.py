@@ -102,6 +102,13 @@ class RunFrames:
             manifests=[logs.read_manifest(r) for r in runs],
         )
 
+    @property
+    def theta_grid(self) -> tuple[float, ...]:
+        """The θ grid the runs logged ``es`` on (their manifests'), else the default grid."""
+        from relaxspec_audit.collect.config import DEFAULT_THETA_GRID
+
+        return _manifest_grid(self.manifests) or DEFAULT_THETA_GRID
+
 
 def _manifest_grid(manifests: Sequence[Mapping[str, Any]]) -> tuple[float, ...] | None:
     """The runs' common ``es`` θ grid, or None if absent; differing grids are an error."""

@@ -19,10 +19,12 @@ def validate_parameters(**params: Any) -> None:
     """Check a notebook's parameters; raise naming the first bad one.
 
     Known names: ``runs_dir`` (an existing folder with runs of ``task``), ``task``,
-    ``margin`` (≥ 0, score units), ``alpha`` (in (0, 1)), ``thetas`` (non-empty, each in
-    (0, 1]), ``split`` / ``discovery`` / ``confirmation`` (a split name),
-    ``numbers_path`` (str), ``collect`` (bool), ``limit`` / ``k`` / ``max_new_tokens``
-    (int ≥ 1), ``seed`` (int ≥ 0). Unknown names are an error too.
+    ``ni_margin`` (the non-inferiority margin δ, ≥ 0, score units), ``alpha`` (in
+    (0, 1)), ``thetas`` (None: the runs' logged grid; else non-empty, each in (0, 1]),
+    ``split`` / ``discovery`` / ``confirmation`` (a split name), ``numbers_path`` (str),
+    ``collect`` (bool),
+    ``limit`` / ``k`` / ``max_new_tokens`` (int ≥ 1), ``seed`` (int ≥ 0). Unknown names
+    are an error too (``margin``, the old name of ``ni_margin``, says so).
 
     Raises:
         ValueError: ``"<name>: <what is wrong>, got <value>"``.
@@ -43,15 +45,17 @@ def validate_parameters(**params: Any) -> None:
         elif name == "rule":
             if value not in (*RULES, TARGET_ONLY):
                 bad(name, "must be a rule name")
-        elif name == "margin":
+        elif name == "ni_margin":
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 bad(name, "must be a number >= 0 (score units: 0.02 = 2 points)")
         elif name == "alpha":
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
                 bad(name, "must be in (0, 1)")
         elif name == "thetas":
+            if value is None:  # the grid the runs logged E_S on
+                continue
             if not isinstance(value, list | tuple) or not value:
-                bad(name, "must be a non-empty list")
+                bad(name, "must be None or a non-empty list")
             for t in value:
                 if isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t <= 1:
                     bad(name, f"every θ must be in (0, 1] ({t!r} is not)")
@@ -74,6 +78,8 @@ def validate_parameters(**params: Any) -> None:
         elif name == "rules":
             if not isinstance(value, list) or not value:
                 bad(name, "must be a non-empty list of rule entries")
+        elif name == "margin":
+            raise ValueError("margin: unknown notebook parameter (renamed ni_margin)")
         else:
             raise ValueError(f"{name}: unknown notebook parameter")
     if "runs_dir" in params and "task" in params and params.get("collect") is not True:

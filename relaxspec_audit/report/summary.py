@@ -8,10 +8,12 @@ writes it and the ``signoff`` notebook renders the same dict (:func:`task_summar
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from relaxspec_audit._compat import renamed_kwargs
 from relaxspec_audit.report.audits import audit_table
 from relaxspec_audit.report.format import _now
 from relaxspec_audit.report.jsonio import _jsonable
@@ -20,14 +22,15 @@ from relaxspec_audit.report.runs import manifest_facts
 #: Name and version of the ``summary.json`` schema; bump the version on any rename,
 #: retype or removal of a field (adding fields is fine). See docs/REPORTS.md.
 SUMMARY_SCHEMA = "relaxspec_audit.summary"
-SUMMARY_SCHEMA_VERSION = 1
+SUMMARY_SCHEMA_VERSION = 2
 
 
+@renamed_kwargs(margin="ni_margin")
 def recommend(
     runs_dir: str | Path,
     task: str,
     *,
-    margin: float = 0.02,
+    ni_margin: float = 0.02,
     alpha: float = 0.05,
     discovery: str = "discovery",
     confirmation: str = "confirmation",
@@ -37,7 +40,7 @@ def recommend(
     """Choose a setting per relaxed rule on ``discovery``, judge it on ``confirmation``.
 
     The choice and the verdict are ``select.recommend``'s (THEORY §3 "Choosing θ or a
-    budget": the fastest setting non-inferior at ``margin`` on discovery, re-tested on
+    budget": the fastest setting non-inferior at ``ni_margin`` on discovery, re-tested on
     the disjoint confirmation split, ``PASS`` / ``FAIL`` / ``INCONCLUSIVE``, never
     ``PASS`` on fewer items than the power calculation asks for). This function gathers
     each relaxed rule's runs and its paired reference runs, and attaches the audit rows
@@ -49,7 +52,7 @@ def recommend(
     Args:
         runs_dir: folder of run folders.
         task: task name.
-        margin: non-inferiority margin δ (score units).
+        ni_margin: non-inferiority margin δ (score units).
         alpha: 1 − confidence level and test level.
         discovery: split the setting is chosen on.
         confirmation: split the choice is judged on.
@@ -70,7 +73,7 @@ def recommend(
     from relaxspec_audit.collect import logs
 
     if table is None:
-        table = audit_table(runs_dir, task, margin=margin, alpha=alpha)
+        table = audit_table(runs_dir, task, ni_margin=ni_margin, alpha=alpha)
     out = []
     relaxed = table.filter(~pl.col("is_reference"))
     for rule in relaxed["rule"].unique(maintain_order=True).to_list():
@@ -93,7 +96,7 @@ def recommend(
             reference = logs.scan(ref_dirs, "requests").collect()
             try:
                 verdict = select_mod.recommend(
-                    requests, reference, cols, margin=margin, alpha=alpha,
+                    requests, reference, cols, ni_margin=ni_margin, alpha=alpha,
                     min_items=min_items, discovery=discovery, confirmation=confirmation,
                 )  # fmt: skip
                 reasons = list(verdict.reasons)
@@ -103,15 +106,9 @@ def recommend(
         rows = {split: _setting_row(fam, split, chosen) for split in (discovery, confirmation)}
         shown = (rows[discovery] or {}).get("setting")
         if chosen is None:
-            # Nothing chosen: show the fastest setting's numbers, labelled as not chosen
-            # (by τ, a function of the logs, as select._fastest ranks; then wall clock).
-            fastest = fam.filter(pl.col("split") == discovery).sort(
-                ["tau", "speedup_vs_reference", "setting"],
-                descending=[True, True, False],
-                nulls_last=True,
-            )
-            if fastest.height:
-                label = fastest["setting"][0]
+            # Nothing chosen: show the fastest setting's numbers, labelled as not chosen.
+            label = fastest_setting(fam.filter(pl.col("split") == discovery))
+            if label is not None:
                 rows = {
                     split: _public(_first(fam.filter((pl.col("split") == split)
                                                      & (pl.col("setting") == label))))
@@ -149,6 +146,22 @@ def recommend(
     return out
 
 
+def fastest_setting(rows: Any) -> str | None:
+    """Label of the fastest setting among audit rows, as ``select._fastest`` ranks them.
+
+    By τ (a function of the logs); ties go to the larger accuracy delta, the smaller ε,
+    then the smaller setting value. Never by wall clock: equal logs show the same setting.
+    """
+    if not rows.height:
+        return None
+    ranked = rows.sort(
+        ["tau", "accuracy_delta", "eps_mean", "value", "setting"],
+        descending=[True, True, False, False, False],
+        nulls_last=True,
+    )
+    return ranked["setting"][0]
+
+
 def _first(frame: Any) -> dict[str, Any] | None:
     return frame.row(0, named=True) if frame.height else None
 
@@ -171,11 +184,12 @@ def _public(row: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return {k: v for k, v in row.items() if k not in ("run_dir", "reference_dir")}
 
 
+@renamed_kwargs(margin="ni_margin")
 def task_summary(
     runs_dir: str | Path,
     task: str,
     *,
-    margin: float = 0.02,
+    ni_margin: float = 0.02,
     alpha: float = 0.05,
     batch: str | None = None,
     run_dirs: Sequence[str | Path] | None = None,
@@ -189,14 +203,14 @@ def task_summary(
     Args:
         runs_dir: folder of run folders.
         task: task name (or JSONL path).
-        margin: non-inferiority margin δ (score units).
+        ni_margin: non-inferiority margin δ (score units).
         alpha: 1 − confidence level.
         batch: batch name (None outside a batch).
         run_dirs: the runs the batch collected for this task (recorded, not required).
         errors: collection errors to record; any error makes ``status`` ``failed``.
         notebooks: ``{name, ok, html, error}`` per rendered notebook.
-        parameters: notebook parameters of the task (``margin`` and ``alpha`` are read
-            from here when given).
+        parameters: notebook parameters of the task (``ni_margin`` and ``alpha`` are read
+            from here when given; the old key ``margin`` is read with a ``FutureWarning``).
         table: a precomputed :func:`audit_table` of both splits (else computed).
 
     Returns:
@@ -206,13 +220,23 @@ def task_summary(
     from relaxspec_audit.collect.config import task_slug
 
     parameters = dict(parameters or {})
-    margin = float(parameters.get("margin", margin))
+    if "margin" in parameters:  # the old name of ni_margin (a batch config maps it)
+        if "ni_margin" in parameters:
+            raise TypeError("parameters: give ni_margin only (margin is its old name)")
+        warnings.warn(
+            "parameters: 'margin' is deprecated, use 'ni_margin' (the non-inferiority margin δ; "
+            "`margin` is a verification rule)",
+            FutureWarning,
+            stacklevel=3,  # the caller, past renamed_kwargs
+        )
+        parameters["ni_margin"] = parameters.pop("margin")
+    ni_margin = float(parameters.get("ni_margin", ni_margin))
     alpha = float(parameters.get("alpha", alpha))
     errors = list(errors)
     families: list[dict[str, Any]] = []
     facts: dict[str, Any] = {}
     try:
-        families = recommend(runs_dir, task, margin=margin, alpha=alpha, table=table)
+        families = recommend(runs_dir, task, ni_margin=ni_margin, alpha=alpha, table=table)
         facts = manifest_facts(runs_dir, task)
     except Exception as exc:  # the summary must still be written, saying what failed
         errors.append(f"summary: {type(exc).__name__}: {exc}")
@@ -225,7 +249,7 @@ def task_summary(
         "generated_at": _now(),
         "package_version": __version__,
         "status": "ok",
-        "margin": margin,
+        "ni_margin": ni_margin,
         "alpha": alpha,
         "families": families,
         "manifest": facts,
