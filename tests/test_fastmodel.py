@@ -154,6 +154,21 @@ def test_separate_prefills_and_mixed_lengths(tiny_qwen2_pair):
     m.step([(len(m.seqs[0]) - 5, m.tokens(5, avoid=m.seqs[0][-5:])), None, m.at_end(2, 5)])
 
 
+def test_prefill_of_selected_rows_and_kept_logits(tiny_llama_pair):
+    """``rows=`` prefills a new request in some rows only; ``keep=`` trims the logits."""
+    m = _Mirror(tiny_llama_pair.target, batch=3, max_seq_len=24, seed=2)
+    m.step([m.at_end(row, n) for row, n in zip(range(3), (4, 6, 2), strict=True)])
+    prompt = m.tokens(7)
+    rows = torch.tensor([1])
+    out = m.fast(torch.tensor([prompt]), torch.arange(7)[None], rows=rows, keep=1)  # [1, 1, V]
+    m.seqs[1] = prompt
+    with torch.no_grad():
+        ref = m.model(torch.tensor([prompt])).logits[0, -1]  # [V]
+    torch.testing.assert_close(out[0, 0], ref, atol=ATOL, rtol=0)
+    # Row 1 continues from its new prompt; rows 0 and 2 were untouched by the prefill.
+    m.step([m.at_end(row, 1) for row in range(3)])
+
+
 def test_shares_parameters(tiny_llama_pair, arith_pair):
     for model in (tiny_llama_pair.target, arith_pair[0]):  # untied and tied embeddings
         fast = FastLM.from_hf(model)

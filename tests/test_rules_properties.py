@@ -136,3 +136,40 @@ def test_asd_bounds(block, budget, gate, cap, spent):
     torch.testing.assert_close(delta, regret.sum(1).to(torch.float64), atol=1e-5, rtol=1e-5)
     if budget == 0:
         assert torch.equal(res.accepted, greedy.accepted)
+
+
+@SETTINGS
+@given(blocks(), st.sampled_from(sorted(rules.RULES)), st.data())
+def test_ragged_lengths_decide_as_the_truncated_block(block, rule, data):
+    """``Block.lengths`` (a batched decoder's per-row block ends) decides row b exactly as
+    the block of its first k_b drafts: same accepted length, token, causes and ASD ledger."""
+    import dataclasses
+
+    b, k = block.drafts.shape
+    lengths = torch.tensor([data.draw(st.integers(1, k)) for _ in range(b)])
+    spec = rules.RULES[rule]
+    kw = {"budget": 3.0, "gate": 1.0, "cap": 2} if rule == "asd" else {}
+    if spec.greedy_only:
+        block = dataclasses.replace(block, greedy=True)
+    state = torch.full((b,), 0.5, dtype=torch.float64) if rule == "asd" else None
+    prm = make_params(rule, **kw)
+    ragged = spec.fn(dataclasses.replace(block, lengths=lengths, k_nominal=k), prm, state)
+    for i in range(b):
+        n = int(lengths[i])
+        row = Block(
+            drafts=block.drafts[i : i + 1, :n],
+            p=block.p[i : i + 1, : n + 1],
+            q=block.q[i : i + 1, :n],
+            target_logits=block.target_logits[i : i + 1, : n + 1],
+            u_accept=block.u_accept[i : i + 1, :n],
+            u_sample=block.u_sample[i : i + 1, : n + 1],
+            greedy=block.greedy,
+            k_nominal=k,
+        )
+        one = spec.fn(row, prm, None if state is None else state[i : i + 1])
+        assert int(ragged.accepted[i]) == int(one.accepted[0])
+        assert int(ragged.token[i]) == int(one.token[0])
+        assert torch.equal(ragged.diag["cause"][i, :n], one.diag["cause"][0])
+        assert bool((ragged.diag["cause"][i, n:] == Cause.NOT_REACHED).all())
+        if state is not None:
+            assert float(ragged.state[i]) == pytest.approx(float(one.state[0]), abs=1e-12)

@@ -257,16 +257,26 @@ class FastLM(nn.Module):
         return self.cache_bytes(batch_size, max_seq_len)
 
     @torch.no_grad()
-    def forward(self, ids: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        ids: torch.Tensor,
+        input_pos: torch.Tensor,
+        rows: torch.Tensor | None = None,
+        keep: int | None = None,
+    ) -> torch.Tensor:
         """Logits of ``ids`` at per-row positions, writing their K/V into the cache.
 
         Args:
             ids: ``[B, T]`` token ids (any valid id in padded slots).
             input_pos: ``[B, T]`` positions, contiguous per row for the real slots; the
                 scratch position ``S_max`` in padded slots.
+            rows: ``[b]`` cache rows that ``ids`` are for (None: all ``B``, in order).
+                Prefilling a new request in one row costs that row alone, not ``B`` rows.
+            keep: only the last ``keep`` positions get logits (None: all ``T``); a
+                prefill needs none or one, and ``[T, V]`` logits of a long prompt are large.
 
         Returns:
-            ``[B, T, V]`` logits in the model's dtype (padded slots: garbage).
+            ``[B, keep or T, V]`` logits in the model's dtype (padded slots: garbage).
         """
         if self.k_cache is None:
             raise RuntimeError("call setup_cache first")
@@ -279,6 +289,14 @@ class FastLM(nn.Module):
         key_pos = torch.arange(slots - 1, device=ids.device)  # [S_max], never the scratch slot
         mask = key_pos[None, None, None, :] <= input_pos[:, None, :, None]  # [B, 1, T, S_max]
         for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, self.k_cache[i], self.v_cache[i], write_idx, mask)  # [B,T,E]
-        x = _rms_norm(x, self.norm, self.eps)  # [B, T, E]
-        return self.lm_head(x)  # [B, T, V]
+            if rows is None:
+                x = block(x, cos, sin, self.k_cache[i], self.v_cache[i], write_idx, mask)
+            else:  # a copy of the rows' cache, written back after the layer
+                kc, vc = self.k_cache[i][rows], self.v_cache[i][rows]  # [b, Hkv, S+1, D]
+                x = block(x, cos, sin, kc, vc, write_idx, mask)  # [b, T, E]
+                self.k_cache[i].index_copy_(0, rows, kc)
+                self.v_cache[i].index_copy_(0, rows, vc)
+        if keep is not None:
+            x = x[:, t - keep :]  # [B, keep, E]
+        x = _rms_norm(x, self.norm, self.eps)  # [B, keep or T, E]
+        return self.lm_head(x)  # [B, keep or T, V]

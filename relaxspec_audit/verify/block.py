@@ -83,6 +83,11 @@ class Block:
             draft EOS or at the length limit, after which no draft can be emitted). ASD's
             remaining length stays ``K_nominal − i + 1``, so decisions equal those on the
             full block. None: ``K``.
+        lengths: ``[B]`` int64 per-row block lengths ``k_b ≤ K`` (a batched decoder drafts K
+            for every row but a row's block ends at its draft EOS or length limit). Row
+            ``b`` is decided exactly as the block of its first ``k_b`` drafts: positions
+            ``≥ k_b`` are never accepted (cause ``NOT_REACHED``) and a fully accepted row
+            takes its bonus from ``p[k_b]``. None: every row has length K.
         diagnostics: Return every key of ``DIAG_KEYS`` in ``BlockResult.diag``. False: the
             rule computes only the statistics its decision needs, and ``diag`` holds those
             plus ``passed_ratio``, ``accepted`` and ``cause`` (the decoder computes the rest
@@ -98,6 +103,7 @@ class Block:
     greedy: bool = False
     k_nominal: int | None = None
     diagnostics: bool = True
+    lengths: Tensor | None = None
 
     def __post_init__(self) -> None:
         # Shape checks only: they read metadata, never device values.
@@ -120,6 +126,10 @@ class Block:
         for name, (t, shape) in expected.items():
             if tuple(t.shape) != shape:
                 raise ValueError(f"Block.{name}: expected shape {shape}, got {tuple(t.shape)}")
+        if self.lengths is not None and tuple(self.lengths.shape) != (b,):
+            raise ValueError(
+                f"Block.lengths: expected shape ({b},), got {tuple(self.lengths.shape)}"
+            )
         if self.k_nominal is not None and self.k_nominal < k:
             raise ValueError(f"Block.k_nominal: must be >= K = {k}, got {self.k_nominal}")
 

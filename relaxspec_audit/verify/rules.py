@@ -123,7 +123,8 @@ def _emit(block: Block, a: Tensor, recovery: str, greedy_like: bool) -> Tensor:
         return argmax_tok
     p_row = block.p[rows, a]  # [B, V]; row K is the bonus distribution
     u = block.u_sample[rows, a]  # [B]
-    is_bonus = (a == k).unsqueeze(-1)  # [B, 1]
+    end = k if block.lengths is None else block.lengths  # [B] or K: each row's block length
+    is_bonus = (a == end).unsqueeze(-1)  # [B, 1]
     if recovery == "residual":
         q_row = block.q[rows, a.clamp(max=k - 1)]  # [B, V]
         res = (p_row - q_row).clamp_min(0)
@@ -151,10 +152,14 @@ def _finish(
     import torch
 
     k = block.k
+    pos = torch.arange(k, device=ok.device)  # [K]
+    if block.lengths is not None:  # a row's block ends at its own length (ragged blocks)
+        ok = ok & (pos.unsqueeze(0) < block.lengths.unsqueeze(1))  # [B, K]
     acc = torch.cumprod(ok.to(torch.int64), dim=1).bool()  # [B, K], the prefix of all-true
     a = acc.sum(1)  # [B]
-    pos = torch.arange(k, device=a.device)  # [K]
     first_reject = pos.unsqueeze(0) == a.unsqueeze(1)  # [B, K]
+    if block.lengths is not None:  # past a row's end nothing was rejected: not reached
+        first_reject = first_reject & (a < block.lengths).unsqueeze(1)
     not_reached = torch.full_like(cause_accept, int(Cause.NOT_REACHED))
     cause = torch.where(acc, cause_accept, torch.where(first_reject, cause_reject, not_reached))
     if block.diagnostics:
