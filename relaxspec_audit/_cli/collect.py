@@ -90,6 +90,12 @@ def build_command() -> click.Command:
         help="Write the per-position table.",
     )
     @click.option(
+        "--batch-size",
+        type=click.IntRange(min=1),
+        help="Requests per target pass (batched static-cache engine, Llama-family pairs). "
+        "[default: auto, 8 on CPU, 64 on CUDA; not part of the run id]",
+    )
+    @click.option(
         "--resume/--no-resume",
         default=True,
         show_default=True,
@@ -153,6 +159,7 @@ def _collect(opts: dict[str, Any]) -> None:
             device=opts["device"],
             dtype=opts["dtype"],
             log_positions=opts["log_positions"],
+            batch_size=opts["batch_size"],
         ).validate()
     except ConfigError as exc:
         raise click.BadParameter(exc.message, param_hint=f"'{exc.field}'") from exc
@@ -192,6 +199,8 @@ class _Progress:
         self.bar: Any = None
 
     def update(self, totals: dict[str, Any]) -> None:
+        if "engine" in totals:  # once, before decoding: which engine, and its KV cache
+            click.echo(engine_line(totals["engine"]), err=True)
         if not self.enabled:
             return
         if self.bar is None:
@@ -208,6 +217,17 @@ class _Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def engine_line(engine: dict[str, Any]) -> str:
+    """One line on the engine a run decodes with (the manifest's ``engine``)."""
+    if engine.get("engine") == "static":
+        return (
+            f"engine: batched static cache, batch {engine['batch_size']}, "
+            f"KV cache {engine['kv_cache_bytes'] / 2**20:.1f} MiB "
+            f"(max_seq_len {engine['max_seq_len']})"
+        )
+    return f"engine: generic transformers, batch 1 ({engine.get('reason')})"
 
 
 def summary_line(run_dir: Any) -> str:

@@ -11,8 +11,9 @@ What ``run_id`` covers: the task and split, both models (repository paths made p
 the rule and its resolved parameters (defaults included, so ``{}`` and ``{"theta": 0.95}``
 are one run), K, the sampling settings (temperature, top-k, top-p), ``max_new_tokens``, the
 seed, the device and dtype, ``log_positions`` and the θ grid of the logged ``es``. It does
-not cover ``limit`` (a larger limit resumes the run and adds requests), nor anything that
-changes only timings (batch size, threads, chunking).
+not cover ``limit`` (a larger limit resumes the run and adds requests), nor ``batch_size``
+and what else changes timings (threads, chunking): floats differ across batch sizes only
+within a tolerance and decisions only from a near-tie on (THEORY §4).
 
 This module is imported by the CLI and the statistics layer, so it must not import torch.
 """
@@ -43,8 +44,10 @@ SPLITS = (None, "discovery", "confirmation")
 DEVICES_PREFIXES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 #: Fields that do not change what a request's logs contain: a larger ``limit`` resumes the
-#: same run folder and only adds requests.
-_NOT_IN_RUN_ID = ("limit",)
+#: same run folder and only adds requests; ``batch_size`` changes speed, and floats only
+#: within a tolerance (decisions up to the first near-tie, THEORY §4), so a run resumed at
+#: another batch size stays one run.
+_NOT_IN_RUN_ID = ("limit", "batch_size")
 
 
 class ConfigError(ValueError):
@@ -79,6 +82,8 @@ class RunConfig:
         device: ``"auto"`` (cuda if available, else cpu), ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
         dtype: ``"auto"`` (float32 on cpu, bfloat16 on cuda) or a torch dtype name.
         log_positions: write the per-position table (off only for speed comparisons).
+        batch_size: requests decoded per target pass by the batched engine (None: the
+            device's automatic choice, ``collect.batched.AUTO_BATCH``). Not in ``run_id``.
         theta_grid: θ values at which ``E_S`` is logged per position.
     """
 
@@ -99,6 +104,7 @@ class RunConfig:
     dtype: str = "auto"
     log_positions: bool = True
     theta_grid: tuple[float, ...] = DEFAULT_THETA_GRID
+    batch_size: int | None = None
 
     def __post_init__(self) -> None:
         # JSON gives lists; keep the grid hashable.
@@ -138,6 +144,8 @@ class RunConfig:
         _check_int(self, "seed", minimum=0)
         if self.limit is not None:
             _check_int(self, "limit", minimum=1)
+        if self.batch_size is not None:
+            _check_int(self, "batch_size", minimum=1)
         if not isinstance(self.task, str) or not self.task:
             raise ConfigError("task", f"must be a non-empty string, got {self.task!r}")
         if self.split not in SPLITS:

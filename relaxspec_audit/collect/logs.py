@@ -242,6 +242,11 @@ class RunWriter:
         }
         self._write_manifest()
 
+    def update_manifest(self, **fields: Any) -> None:
+        """Add facts known only once the run has started (e.g. the engine that runs it)."""
+        self.manifest.update(fields)
+        self._write_manifest()
+
     def __enter__(self) -> RunWriter:
         return self
 

@@ -68,6 +68,23 @@ class RoundTensors(NamedTuple):
         decisions = [res.diag[key][0] for key in _RULE_KEYS]  # each [k_r]
         return cls(p[0], q[0], z[0], drafts[0], res.token, decisions)
 
+    @classmethod
+    def of_row(
+        cls,
+        p: torch.Tensor,
+        q: torch.Tensor,
+        z: torch.Tensor,
+        drafts: torch.Tensor,
+        res: Any,
+        row: int,
+        k_r: int,
+    ) -> RoundTensors:
+        """Row ``row`` of a batched round whose block for that row ends at ``k_r`` drafts."""
+        decisions = [res.diag[key][row, :k_r] for key in _RULE_KEYS]  # each [k_r]
+        token = res.token[row : row + 1]  # [1]
+        return cls(p[row, : k_r + 1], q[row, :k_r], z[row, : k_r + 1], drafts[row, :k_r],
+                   token, decisions)  # fmt: skip
+
 
 class RoundOutcome(NamedTuple):
     """Host values of one round, read in its one device → host copy."""
@@ -200,10 +217,14 @@ class _RoundLog:
     then built with numpy in one pass (:meth:`columns`).
     """
 
-    def __init__(self, k: int, v: int, theta: float, grid: list[float], u_all: np.ndarray):
+    def __init__(
+        self, k: int, v: int, theta: float, grid: list[float], u_all: np.ndarray, share: int = 1
+    ):
         self.k, self.theta, self.grid = k, theta, grid
         self.u_all = u_all  # [3, N+K+1] the request's uniforms (draft, accept, sample)
-        self.n_flush = max(1, min(_FLUSH_MAX_ROUNDS, _FLUSH_FLOATS // ((3 * k + 2) * v)))
+        # `share` logs hold views of one batched round's tensors: split the budget among them.
+        budget = _FLUSH_FLOATS // max(1, share)
+        self.n_flush = max(1, min(_FLUSH_MAX_ROUNDS, budget // ((3 * k + 2) * v)))
         self.pending: list[RoundTensors] = []  # rounds not yet flushed, padded to K
         self.rounds: list[RoundOutcome] = []  # every round, drafts padded to K
         self.k_r: list[int] = []  # drafts made per round

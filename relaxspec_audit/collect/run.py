@@ -11,12 +11,13 @@ torch and transformers are imported inside functions (the CLI's ``--help`` must 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from relaxspec_audit.collect.config import TARGET_ONLY, RunConfig
 from relaxspec_audit.collect.engine import decode_request
+from relaxspec_audit.collect.logs import RequestRows
 from relaxspec_audit.collect.pair import Pair, encode_prompt, load_pair
 
 
@@ -39,7 +40,9 @@ def collect(
         out: parent folder of runs (``runs/``).
         resume: keep and skip finished requests of an earlier, interrupted run.
         progress: called after each request (and once at the start) with a dict of
-            ``done``, ``total``, ``tokens``, ``passes``, ``accepted``, ``drafted``, ``wall_s``.
+            ``done``, ``total``, ``tokens``, ``passes``, ``accepted``, ``drafted``, ``wall_s``;
+            the first call also has ``engine`` (which engine runs, its batch size and the
+            bytes of its preallocated KV caches).
         pair: an already loaded pair (default: :func:`load_pair` of the config's models).
         chunk_size: finished requests per committed Parquet part.
 
@@ -66,13 +69,16 @@ def collect(
     totals = {"done": 0, "total": len(task.items), "tokens": 0, "passes": 0}
     totals.update(accepted=0, drafted=0, wall_s=0.0, skipped=0)
     with RunWriter(run_dir, manifest, resume=resume, chunk_size=chunk_size) as writer:
-        todo = [item for item in task.items if item.id not in writer.finished]
+        todo = {item.id: item for item in task.items if item.id not in writer.finished}
         totals["skipped"] = totals["done"] = len(task.items) - len(todo)
+        requests = [(item.id, encode_prompt(pair, item.prompt)) for item in todo.values()]
+        decoded, engine = _decoder(pair, config, requests)
+        # Which engine ran, and the KV cache it preallocated, before any decoding.
+        writer.update_manifest(engine=engine)
         if progress is not None:
-            progress(dict(totals))
-        for item in todo:
-            ids = encode_prompt(pair, item.prompt)
-            rows = decode_request(pair, ids, config, item.id)
+            progress({**totals, "engine": engine})
+        for rows in decoded:
+            item = todo[rows.request_id]
             text = pair.tokenizer.decode(rows.request["output_ids"], skip_special_tokens=True)
             rows.request.update(
                 item_id=item.id,
@@ -91,3 +97,28 @@ def collect(
             if progress is not None:
                 progress(dict(totals))
     return run_dir
+
+
+def _decoder(
+    pair: Pair, config: RunConfig, requests: list[tuple[str, list[int]]]
+) -> tuple[Iterator[RequestRows], dict[str, Any]]:
+    """The decoded rows of ``requests`` (lazily) and what the manifest records of the engine.
+
+    The batched static-cache engine (``collect.batched``) when the pair is Llama-family;
+    otherwise the one-request engine over transformers' own forward (any causal LM), one
+    request at a time, with the reason recorded.
+    """
+    from relaxspec_audit.collect.batched import (
+        BatchedEngine,
+        engine_info,
+        fast_path_reason,
+        resolve_batch_size,
+    )
+
+    reason = fast_path_reason(pair)
+    if reason is None and requests:
+        b = resolve_batch_size(config.batch_size, pair.device, len(requests))
+        engine = BatchedEngine(pair, config, b, max(len(ids) for _, ids in requests))
+        return engine.run(requests), engine_info(engine)
+    one = (decode_request(pair, ids, config, rid) for rid, ids in requests)
+    return one, {"engine": "generic", "batch_size": 1, "reason": reason}

@@ -1,0 +1,463 @@
+"""Batched collection: B requests per target pass, each row at its own positions.
+
+The speculative round of :mod:`relaxspec_audit.collect.engine`, for ``B`` rows at once
+over :class:`~relaxspec_audit.collect.fastmodel.FastLM`'s static KV caches (one for the
+target, one for the draft). Shapes never change: every row drafts ``K`` tokens and the
+target verifies ``[last emitted, x_1..x_K]`` (``K + 1`` slots) in one ``[B, K + 1]`` pass;
+an idle row pads every slot to the scratch position. A row's block still ends at its draft
+EOS or its length limit: ``Block.lengths`` decides it exactly as the shorter block the
+one-request engine verifies (THEORY §2, property-tested), so the rows it logs are the same
+rows. Continuous batching: a row that finishes (EOS, length limit) is handed to the sink
+and refilled with the next request, whose prompt is prefilled in that row alone.
+
+Cache invariant (per row, as in the one-request engine): between rounds the target cache
+holds every token of ``prompt + output`` but the last; the draft cache holds the same, or
+one token fewer when all ``K`` drafts were accepted (it never ran on ``x_K``). Rollback is
+implicit: a row continues from its own position and stale K/V beyond it are overwritten
+before anything attends to them (:mod:`~relaxspec_audit.collect.fastmodel`).
+
+A request's log does not depend on its batch-mates in what is drawn: every uniform is keyed
+by ``(seed, request, absolute position, purpose)`` (THEORY §4). Float results do depend on
+the batch (a row's matmul differs between 1, 2 and ≥ 5 rows), so logs at different batch
+sizes agree in floats within a tolerance and in decisions up to the first near-tie
+(THEORY §4; tests/test_batched.py checks that contract).
+
+Per round the host receives the drafts, the accepted lengths, the emitted tokens and the
+ASD ledgers of all rows in one copy; the uniforms of all rows go to the device in one copy.
+Logging is the one-request engine's (:class:`~relaxspec_audit.collect.roundlog._RoundLog`
+per row, batched over rounds); a row's ``draft_s`` / ``verify_s`` are its batch's.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from relaxspec_audit.collect.config import TARGET_ONLY, RunConfig
+from relaxspec_audit.collect.fastmodel import FastLM, supports
+from relaxspec_audit.collect.logs import RequestRows, output_sha256
+from relaxspec_audit.collect.pair import DecodeError, Pair
+from relaxspec_audit.collect.roundlog import (
+    RoundOutcome,
+    RoundRecord,
+    RoundTensors,
+    _RoundLog,
+    _rounds,
+    _TokenLog,
+)
+from relaxspec_audit.collect.sampling import _host_uniforms, transform_logits
+from relaxspec_audit.verify import rng
+from relaxspec_audit.verify.block import Block
+
+#: Batch size of ``batch_size=None`` ("auto"): CPU cores are saturated by a few rows of a
+#: real model (compute-bound once batched, docs/PERFORMANCE.md); a GPU wants many rows.
+AUTO_BATCH = {"cpu": 8, "cuda": 64, "mps": 16}
+
+
+def fast_path_reason(pair: Pair) -> str | None:
+    """Why ``pair`` cannot use the batched static-cache engine (None when it can)."""
+    for role, model in (("target", pair.target), ("draft", pair.draft)):
+        if model is None:
+            continue
+        reason = supports(model)
+        if reason is not None:
+            return f"{role}: {reason}"
+    return None
+
+
+def resolve_batch_size(batch_size: int | None, device: torch.device, n_requests: int) -> int:
+    """``batch_size``, or the automatic choice for ``device`` (:data:`AUTO_BATCH`).
+
+    Never more rows than requests: an idle row costs as much as a busy one.
+    """
+    b = batch_size if batch_size is not None else AUTO_BATCH.get(device.type, 8)
+    return max(1, min(b, n_requests))
+
+
+def kv_bytes(pair: Pair, batch_size: int, max_seq_len: int) -> int:
+    """Bytes of the static KV caches (target and draft) for a batch (nothing allocated)."""
+    total = 0
+    for model in (pair.target, pair.draft):
+        if model is not None:
+            total += FastLM(model).cache_bytes(batch_size, max_seq_len)
+    return total
+
+
+def _free_bytes(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_kv_fits(pair: Pair, batch_size: int, max_seq_len: int) -> int:
+    """The KV caches' bytes; raise before any allocation when they cannot fit.
+
+    Raises:
+        DecodeError: naming the batch size, the sequence length, the cache size and the
+            free memory of the device.
+    """
+    need = kv_bytes(pair, batch_size, max_seq_len)
+    free = _free_bytes(pair.device)
+    # Keep half the free memory for weights' activations, logits and the logs' tensors.
+    if free is not None and need > free // 2:
+        raise DecodeError(
+            f"batch_size {batch_size} × max_seq_len {max_seq_len}: the KV caches need "
+            f"{need / 2**20:.1f} MiB, more than half of the {free / 2**20:.1f} MiB free on "
+            f"{pair.device}; lower --batch-size or max_new_tokens"
+        )
+    return need
+
+
+@dataclass
+class _Row:
+    """One request in flight in one row of the batch (host state)."""
+
+    request_id: str
+    prompt: list[int]
+    seq: list[int]  # prompt + output
+    u_all: np.ndarray  # [3, N+K+1] the request's uniforms (draft, accept, sample)
+    t_start: float
+    log: Any = None  # _RoundLog | _TokenLog | None
+    d_lack: list[int] = field(default_factory=list)  # tokens the draft cache lacks
+    rounds: list[RoundRecord] = field(default_factory=list)
+    passes: int = 0
+    stop: str = "length"
+
+    @property
+    def n_out(self) -> int:
+        return len(self.seq) - len(self.prompt)
+
+
+class BatchedEngine:
+    """Decode many requests of one run, ``batch_size`` rows at a time (continuous batching).
+
+    Build once per run (it allocates the KV caches for ``max_prompt`` + ``max_new_tokens``)
+    and call :meth:`run`. Only for pairs :func:`fast_path_reason` accepts.
+    """
+
+    def __init__(self, pair: Pair, config: RunConfig, batch_size: int, max_prompt: int) -> None:
+        reason = fast_path_reason(pair)
+        if reason is not None:
+            raise DecodeError(f"the batched engine cannot serve this pair: {reason}")
+        self.pair, self.config, self.b = pair, config, batch_size
+        self.k = 0 if config.rule == TARGET_ONLY else config.k
+        # Positions a row can reach: prompt + output + the K drafts of the last round.
+        self.s_max = max_prompt + config.max_new_tokens + self.k + 1
+        self.kv_bytes = check_kv_fits(pair, batch_size, self.s_max)
+        self.target = FastLM.from_hf(pair.target)
+        self.target.setup_cache(batch_size, self.s_max)
+        self.draft = None
+        self._state: torch.Tensor | None = None  # [B] per-row rule state (the ASD ledger)
+        if self.k:
+            if pair.draft is None:
+                raise DecodeError(f"rule {config.rule!r} needs a draft model; the pair has none")
+            self.draft = FastLM.from_hf(pair.draft)
+            self.draft.setup_cache(batch_size, self.s_max)
+
+    # ------------------------------------------------------------------ continuous batching
+
+    def run(
+        self, requests: Iterable[tuple[str, list[int]]], *, timing: bool = True
+    ) -> Iterator[RequestRows]:
+        """Yield each request's rows as it finishes (not in input order).
+
+        Args:
+            requests: ``(request_id, prompt_ids)`` pairs; the id keys the random stream.
+            timing: measure ``draft_s`` / ``verify_s`` (synchronises CUDA when on).
+        """
+        pending = iter(requests)
+        rows: list[_Row | None] = [None] * self.b
+        with torch.inference_mode():
+            while True:
+                for slot in range(self.b):
+                    if rows[slot] is None:
+                        rows[slot] = self._admit(slot, next(pending, None))
+                if all(r is None for r in rows):
+                    return
+                finished = self._round(rows, timing) if self.k else self._step(rows, timing)
+                for slot in finished:
+                    yield self._finish(rows[slot])
+                    rows[slot] = None
+
+    def _admit(self, slot: int, request: tuple[str, list[int]] | None) -> _Row | None:
+        """Start a request in ``slot``: prefill all of its prompt but the last token."""
+        if request is None:
+            return None
+        request_id, prompt = request
+        if not prompt:
+            raise DecodeError(f"request {request_id}: empty prompt (no token ids)")
+        cfg, dev = self.config, self.pair.device
+        key = rng.request_key(request_id)
+        n_u = cfg.max_new_tokens + self.k + 1
+        row = _Row(request_id, list(prompt), list(prompt), _host_uniforms(cfg, key, 0, n_u),
+                   time.perf_counter())  # fmt: skip
+        if len(prompt) > 1:
+            ids = torch.tensor([prompt[:-1]], dtype=torch.long, device=dev)  # [1, L-1]
+            pos = torch.arange(len(prompt) - 1, device=dev)[None]  # [1, L-1]
+            which = torch.tensor([slot], device=dev)
+            for model in (self.target, self.draft):
+                if model is not None:
+                    model(ids, pos, rows=which, keep=1)
+        row.d_lack = [prompt[-1]]
+        if cfg.log_positions:
+            v = self.pair.vocab_size
+            if self.k:
+                spec = cfg.spec
+                theta = spec.nucleus_theta(cfg.params)
+                row.log = _RoundLog(self.k, v, theta, list(cfg.theta_grid), row.u_all,
+                                    share=self.b)  # fmt: skip
+            else:
+                row.log = _TokenLog(v, cfg.greedy, len(cfg.theta_grid))
+        return row
+
+    def _finish(self, row: _Row) -> RequestRows:
+        out = row.seq[len(row.prompt) :]
+        if row.log is None:
+            positions: dict[str, Any] = {}
+        elif self.k:
+            positions = row.log.columns()
+        else:
+            positions = row.log.columns(out, row.u_all[2, : len(out)])
+        request = {
+            "prompt_ids": list(map(int, row.prompt)),
+            "output_ids": out,
+            "output_sha256": output_sha256(out),
+            "n_tokens": len(out),
+            "stop": row.stop,
+            "target_passes": row.passes,
+            "wall_s": time.perf_counter() - row.t_start,
+        }
+        return RequestRows(row.request_id, positions, _rounds(row.rounds), request)
+
+    # ------------------------------------------------------------------ one speculative round
+
+    def _round(self, rows: list[_Row | None], timing: bool) -> list[int]:
+        """One round for every row; returns the slots whose request finished."""
+        cfg, dev, v, k, b = self.config, self.pair.device, self.pair.vocab_size, self.k, self.b
+        scratch = self.s_max
+        timer = _Timer(dev, timing)
+        live = [i for i, r in enumerate(rows) if r is not None]
+        # Host layout of the round: positions, tokens the draft lacks, uniforms.
+        n_len = np.zeros(b, dtype=np.int64)  # L: len(prompt + output) per row
+        feed_ids = np.zeros((b, 2), dtype=np.int64)
+        feed_pos = np.full((b, 2), scratch, dtype=np.int64)
+        u = np.zeros((b, 3, k + 1))  # [B, 3, K+1]
+        for i in live:
+            r = rows[i]
+            n_len[i] = len(r.seq)
+            lack = r.d_lack
+            feed_ids[i, 2 - len(lack) :] = lack
+            feed_pos[i, 2 - len(lack) :] = np.arange(n_len[i] - len(lack), n_len[i])
+            start = r.n_out
+            u[i] = r.u_all[:, start : start + k + 1]
+        u_dev = torch.from_numpy(u).to(dev)  # [B, 3, K+1], one transfer for all rows
+        live_dev = torch.zeros(b, dtype=torch.bool)
+        live_dev[live] = True
+        live_dev = live_dev.to(dev)
+        base = torch.from_numpy(n_len).to(dev)  # [B]
+        t0 = timer.now()
+        # --- draft: K tokens for every row (fixed shapes); the first call feeds what each
+        # row's draft cache lacks (1 or 2 tokens, left-padded to 2 with the scratch slot).
+        ids = torch.from_numpy(feed_ids).to(dev)  # [B, 2]
+        pos = torch.from_numpy(feed_pos).to(dev)  # [B, 2]
+        idle = torch.full_like(pos, scratch)
+        drafts, q_rows = [], []
+        for i in range(k):
+            logits = self.draft(ids, pos, keep=1)[:, -1, :v].float()  # [B, V]
+            q_i = transform_logits(logits, cfg.temperature, cfg.top_k, cfg.top_p)  # [B, V]
+            if cfg.greedy:
+                x_i = logits.argmax(-1)  # [B]
+            else:
+                x_i = rng.sample_icdf(q_i, u_dev[:, 0, i])  # [B]
+            drafts.append(x_i)
+            q_rows.append(q_i)
+            ids = x_i[:, None]  # [B, 1]
+            pos = torch.where(live_dev[:, None], (base + i)[:, None], idle[:, :1])
+        drafts_t = torch.stack(drafts, 1)  # [B, K]
+        q = torch.stack(q_rows, 1)  # [B, K, V]
+        # A row's block ends at its first draft EOS or its length limit: nothing after
+        # either can be emitted (the one-request engine stops drafting there).
+        eos = list(self.pair.eos_ids)
+        if eos:
+            is_eos = torch.isin(drafts_t, torch.tensor(eos, device=dev))  # [B, K]
+            first = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, k)  # [B]
+        else:
+            first = torch.full((b,), k, device=dev)
+        cap = torch.from_numpy(np.maximum(cfg.max_new_tokens - (n_len - _prompt_lens(rows)), 1))
+        lengths_t = torch.minimum(first, cap.to(dev)).to(torch.int64)  # [B]
+        t1 = timer.now()
+        # --- verify: [last emitted, x_1..x_K] at positions L-1 .. L+K-1, one target pass.
+        last = torch.from_numpy(np.array([r.seq[-1] if r else 0 for r in rows])).to(dev)  # [B]
+        t_ids = torch.cat([last[:, None], drafts_t], 1)  # [B, K+1]
+        t_pos = (base - 1)[:, None] + torch.arange(k + 1, device=dev)[None]  # [B, K+1]
+        t_pos = torch.where(live_dev[:, None], t_pos, torch.full_like(t_pos, scratch))
+        z = self.target(t_ids, t_pos)[..., :v].float()  # [B, K+1, V]
+        p = transform_logits(z, cfg.temperature, cfg.top_k, cfg.top_p)  # [B, K+1, V]
+        block = Block(
+            drafts=drafts_t,
+            p=p,
+            q=q,
+            target_logits=z,
+            u_accept=u_dev[:, 1, :k],  # float64, as the one-request engine's
+            u_sample=u_dev[:, 2, : k + 1],
+            greedy=cfg.greedy,
+            k_nominal=k,
+            diagnostics=False,
+            lengths=lengths_t,
+        )
+        res = cfg.spec.fn(block, cfg.params, self._state)
+        self._state = res.state
+        spent = (
+            res.state.to(torch.float64)
+            if res.state is not None
+            else torch.full((b,), math.nan, dtype=torch.float64, device=dev)
+        )
+        # One device → host copy for every row: drafts, lengths, accepted, token, ledger.
+        host = torch.cat(
+            [drafts_t.double().flatten(), lengths_t.double(), res.accepted.double(),
+             res.token.double(), spent]
+        ).cpu().numpy()  # fmt: skip
+        t2 = timer.now()
+        x_host = host[: b * k].reshape(b, k).astype(np.int64)
+        k_r, a_h, y_h, s_h = (host[b * k + j * b : b * k + (j + 1) * b] for j in range(4))
+        finished = []
+        for i in live:
+            r = rows[i]
+            kr, a, y = int(k_r[i]), int(a_h[i]), int(y_h[i])
+            start = r.n_out
+            emitted = [*x_host[i, :a].tolist(), y]
+            m = min(len(emitted), cfg.max_new_tokens - start)
+            for j, tok in enumerate(emitted[:m]):
+                if tok in self.pair.eos_ids:
+                    m, r.stop = j + 1, "eos"
+                    break
+            truncated = m < len(emitted)
+            if r.log is not None:
+                r.log.add(
+                    RoundTensors.of_row(p, q, z, drafts_t, res, i, kr),
+                    RoundOutcome(start, x_host[i, :kr], a, y, m if truncated else kr,
+                                 not truncated),
+                )  # fmt: skip
+            r.seq.extend(emitted[:m])
+            r.passes += 1
+            spent_row = None if res.state is None else float(s_h[i])
+            r.rounds.append(RoundRecord(len(r.rounds), start, kr, m if truncated else a, m,
+                                        t1 - t0, t2 - t1, spent_row))  # fmt: skip
+            if r.stop == "eos" or truncated or r.n_out >= cfg.max_new_tokens:
+                finished.append(i)
+                if res.state is not None:  # the next request in this row starts at 0
+                    self._state = self._state.index_fill(0, torch.tensor([i], device=dev), 0.0)
+            else:
+                r.d_lack = [int(x_host[i, k - 1]), y] if a == k else [y]
+        return finished
+
+    # ------------------------------------------------------------------ target-only step
+
+    def _step(self, rows: list[_Row | None], timing: bool) -> list[int]:
+        """One target-only token for every row; returns the slots whose request finished."""
+        cfg, dev, v, b = self.config, self.pair.device, self.pair.vocab_size, self.b
+        timer = _Timer(dev, timing)
+        live = [i for i, r in enumerate(rows) if r is not None]
+        ids = np.zeros((b, 1), dtype=np.int64)
+        pos = np.full((b, 1), self.s_max, dtype=np.int64)
+        u = np.zeros(b)
+        for i in live:
+            r = rows[i]
+            ids[i, 0], pos[i, 0] = r.seq[-1], len(r.seq) - 1
+            u[i] = r.u_all[2, r.n_out]
+        t0 = timer.now()
+        z = self.target(torch.from_numpy(ids).to(dev), torch.from_numpy(pos).to(dev))
+        z = z[:, -1, :v].float()  # [B, V]
+        p = None
+        if cfg.greedy:
+            y = z.argmax(-1)  # [B]
+        else:
+            p = transform_logits(z, cfg.temperature, cfg.top_k, cfg.top_p)  # [B, V]
+            y = rng.sample_icdf(p, torch.from_numpy(u).to(dev))  # [B]
+        y_host = y.cpu().numpy()  # one host read per step, for every row
+        t1 = timer.now()
+        finished = []
+        for i in live:
+            r = rows[i]
+            tok = int(y_host[i])
+            if r.log is not None:
+                r.log.add(z[i : i + 1], None if p is None else p[i : i + 1], y[i : i + 1])
+            r.rounds.append(RoundRecord(r.n_out, r.n_out, 0, 0, 1, 0.0, t1 - t0, None))
+            r.seq.append(tok)
+            r.passes += 1
+            if tok in self.pair.eos_ids:
+                r.stop = "eos"
+            if r.stop == "eos" or r.n_out >= cfg.max_new_tokens:
+                finished.append(i)
+        return finished
+
+
+def _prompt_lens(rows: list[_Row | None]) -> np.ndarray:
+    return np.array([len(r.prompt) if r else 0 for r in rows], dtype=np.int64)
+
+
+class _Timer:
+    """Wall-clock sections; synchronises CUDA only when timing is on."""
+
+    def __init__(self, device: torch.device, enabled: bool) -> None:
+        self.cuda = enabled and device.type == "cuda"
+        self.enabled = enabled
+
+    def now(self) -> float:
+        if not self.enabled:
+            return 0.0
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+
+def decode_batched(
+    pair: Pair,
+    requests: list[tuple[str, list[int]]],
+    config: RunConfig,
+    batch_size: int | None = None,
+    *,
+    timing: bool = True,
+    on_start: Callable[[dict[str, Any]], None] | None = None,
+) -> Iterator[RequestRows]:
+    """Decode ``requests`` batched; yield each one's rows as it finishes.
+
+    Args:
+        pair: a pair the static-cache path serves (:func:`fast_path_reason` is None).
+        requests: ``(request_id, prompt_ids)`` pairs.
+        config: the run configuration.
+        batch_size: rows per target pass (None: :data:`AUTO_BATCH` for the device).
+        timing: measure ``draft_s`` / ``verify_s``.
+        on_start: called once, before decoding, with ``{"engine", "batch_size",
+            "max_seq_len", "kv_cache_bytes"}``.
+    """
+    if not requests:
+        return
+    b = resolve_batch_size(batch_size, pair.device, len(requests))
+    engine = BatchedEngine(pair, config, b, max(len(ids) for _, ids in requests))
+    if on_start is not None:
+        on_start(engine_info(engine))
+    yield from engine.run(requests, timing=timing)
+
+
+def engine_info(engine: BatchedEngine) -> dict[str, Any]:
+    """What the manifest records of the engine that ran."""
+    return {
+        "engine": "static",
+        "batch_size": engine.b,
+        "max_seq_len": engine.s_max,
+        "kv_cache_bytes": engine.kv_bytes,
+    }
