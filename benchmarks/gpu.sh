@@ -6,7 +6,9 @@
 # same prompts in one run:
 #   (a) logging on / off            (b) this decoder / HF assisted generation (greedy, same K)
 #   (c) target-only / model.generate (d) one target pass vs the memory-bandwidth bound
-# plus a short CUDA check of the test suite's decoder tests.
+# then the batched engine (benchmarks/bench_batched.py) against it and against transformers'
+# static-cache generate, plus a short CUDA check of the test suite's decoder tests.
+# Sized for one call of about 9 minutes on an H200 (timeouts: 200 + 240 + 90 + 150 s).
 #
 # Usage (repository root):  bash benchmarks/gpu.sh        results go to $OUT (or benchmarks/out)
 # Env: PY (python with CUDA torch + transformers; default: first of python3, python,
@@ -48,14 +50,27 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 status=0
 # 1. the three ratios + roofline on the ~1B pair (bf16)
-timeout 420 "$PYBIN" benchmarks/bench_decoder.py --pair random-1b --device cuda --dtype bfloat16 \
+timeout 200 "$PYBIN" benchmarks/bench_decoder.py --pair random-1b --device cuda --dtype bfloat16 \
   --prompts "$PROMPTS" --max-new-tokens "$NEW" --k "$K" --repeats "$REPEATS" --roofline \
   --json "$OUT/bench_gpu.json" 2>"$OUT/bench_gpu.err" | tee "$OUT/bench_gpu.md" || status=$?
 [ "$status" -ne 0 ] && { echo "bench failed ($status); see $OUT/bench_gpu.err"; tail -20 "$OUT/bench_gpu.err"; }
 
-# 2. the decoder tests with the tiny pairs on CUDA (load_pair picks cuda under device=auto)
+# 2. batched collection (issue 12): aggregate tokens/s at batch 1 and 8 for target-only,
+# greedy speculative and nucleus T=1, and at batch 64 target-only, against the one-request
+# engine; logging on/off at batch 8; transformers' static-cache generate (eager, then
+# torch.compile) at batch 1 and 64 in the same run.
+timeout 240 "$PYBIN" benchmarks/bench_batched.py --pair random-1b --device cuda --dtype bfloat16 \
+  --prompts 8 --max-new-tokens 64 --k "$K" --repeats 1 --batch-sizes 1,8 --hf-static 1,64 \
+  --json "$OUT/batched_gpu.json" 2>"$OUT/batched_gpu.err" | tee "$OUT/batched_gpu.md" || status=$?
+timeout 90 "$PYBIN" benchmarks/bench_batched.py --pair random-1b --device cuda --dtype bfloat16 \
+  --prompts 64 --max-new-tokens 64 --k "$K" --repeats 1 --batch-sizes 64 --modes target-only \
+  --json "$OUT/batched_gpu64.json" 2>>"$OUT/batched_gpu.err" | tee -a "$OUT/batched_gpu.md" \
+  || status=$?
+
+# 3. the decoder tests with the tiny pairs on CUDA (load_pair picks cuda under device=auto)
 if "$PYBIN" -c 'import pytest' >/dev/null 2>&1; then
-  timeout 150 "$PYBIN" -m pytest -q -x tests/test_decoder.py -k "cuda or load_pair" \
-    -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/pytest_cuda.txt" || status=$?
+  timeout 150 "$PYBIN" -m pytest -q -x tests/test_decoder.py tests/test_fastmodel.py \
+    -k "cuda or load_pair or bfloat16" -p no:cacheprovider 2>&1 | tail -15 \
+    | tee "$OUT/pytest_cuda.txt" || status=$?
 fi
 exit "$status"

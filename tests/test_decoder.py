@@ -588,12 +588,16 @@ def _collect_cmd(tiny, task: Path, out: Path, extra=()) -> list[str]:
 
 @pytest.mark.slow
 def test_collect_resume_after_sigkill(tiny_llama_pair, tmp_path):
+    """Killed mid-batch (4 rows in flight, continuous batching): resume loses nothing."""
     n_items = 10
     task = _task_file(tmp_path / "mini.jsonl", n_items)
     out = tmp_path / "runs"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        _collect_cmd(tiny_llama_pair, task, out), env=env, stderr=subprocess.PIPE, text=True
+        _collect_cmd(tiny_llama_pair, task, out, ("--batch-size", "4")),
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     committed: set[str] = set()
     deadline = time.time() + 120
@@ -614,7 +618,10 @@ def test_collect_resume_after_sigkill(tiny_llama_pair, tmp_path):
     assert logs.read_manifest(run_dir)["status"] == "running"  # killed, never finished
     # resume in a second process
     res = subprocess.run(
-        _collect_cmd(tiny_llama_pair, task, out), env=env, capture_output=True, text=True
+        _collect_cmd(tiny_llama_pair, task, out, ("--batch-size", "4")),
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert res.returncode == 0, res.stderr[-3000:]
     assert str(run_dir) in res.stdout and "requests 10" in res.stdout

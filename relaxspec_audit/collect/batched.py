@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from relaxspec_audit.collect.config import TARGET_ONLY, RunConfig
+from relaxspec_audit.collect.engine import cut_emitted
 from relaxspec_audit.collect.fastmodel import FastLM, supports
 from relaxspec_audit.collect.logs import RequestRows, output_sha256
 from relaxspec_audit.collect.pair import DecodeError, Pair
@@ -52,6 +53,7 @@ from relaxspec_audit.collect.roundlog import (
     _TokenLog,
 )
 from relaxspec_audit.collect.sampling import _host_uniforms, transform_logits
+from relaxspec_audit.collect.stops import StopStrings
 from relaxspec_audit.verify import rng
 from relaxspec_audit.verify.block import Block
 
@@ -148,11 +150,18 @@ class BatchedEngine:
     and call :meth:`run`. Only for pairs :func:`fast_path_reason` accepts.
     """
 
-    def __init__(self, pair: Pair, config: RunConfig, batch_size: int, max_prompt: int) -> None:
+    def __init__(
+        self,
+        pair: Pair,
+        config: RunConfig,
+        batch_size: int,
+        max_prompt: int,
+        stops: StopStrings | None = None,
+    ) -> None:
         reason = fast_path_reason(pair)
         if reason is not None:
             raise DecodeError(f"the batched engine cannot serve this pair: {reason}")
-        self.pair, self.config, self.b = pair, config, batch_size
+        self.pair, self.config, self.b, self.stops = pair, config, batch_size, stops
         self.k = 0 if config.rule == TARGET_ONLY else config.k
         # Positions a row can reach: prompt + output + the K drafts of the last round.
         self.s_max = max_prompt + config.max_new_tokens + self.k + 1
@@ -340,10 +349,8 @@ class BatchedEngine:
             start = r.n_out
             emitted = [*x_host[i, :a].tolist(), y]
             m = min(len(emitted), cfg.max_new_tokens - start)
-            for j, tok in enumerate(emitted[:m]):
-                if tok in self.pair.eos_ids:
-                    m, r.stop = j + 1, "eos"
-                    break
+            m, r.stop = cut_emitted(emitted, m, r.stop, self.pair.eos_ids, self.stops,
+                                    r.seq[len(r.prompt) :])  # fmt: skip
             truncated = m < len(emitted)
             if r.log is not None:
                 r.log.add(
@@ -356,7 +363,7 @@ class BatchedEngine:
             spent_row = None if res.state is None else float(s_h[i])
             r.rounds.append(RoundRecord(len(r.rounds), start, kr, m if truncated else a, m,
                                         t1 - t0, t2 - t1, spent_row))  # fmt: skip
-            if r.stop == "eos" or truncated or r.n_out >= cfg.max_new_tokens:
+            if r.stop != "length" or truncated or r.n_out >= cfg.max_new_tokens:
                 finished.append(i)
                 if res.state is not None:  # the next request in this row starts at 0
                     self._state = self._state.index_fill(0, torch.tensor([i], device=dev), 0.0)
@@ -396,11 +403,11 @@ class BatchedEngine:
             if r.log is not None:
                 r.log.add(z[i : i + 1], None if p is None else p[i : i + 1], y[i : i + 1])
             r.rounds.append(RoundRecord(r.n_out, r.n_out, 0, 0, 1, 0.0, t1 - t0, None))
+            _, r.stop = cut_emitted([tok], 1, r.stop, self.pair.eos_ids, self.stops,
+                                    r.seq[len(r.prompt) :])  # fmt: skip
             r.seq.append(tok)
             r.passes += 1
-            if tok in self.pair.eos_ids:
-                r.stop = "eos"
-            if r.stop == "eos" or r.n_out >= cfg.max_new_tokens:
+            if r.stop != "length" or r.n_out >= cfg.max_new_tokens:
                 finished.append(i)
         return finished
 
@@ -432,6 +439,7 @@ def decode_batched(
     *,
     timing: bool = True,
     on_start: Callable[[dict[str, Any]], None] | None = None,
+    stops: StopStrings | None = None,
 ) -> Iterator[RequestRows]:
     """Decode ``requests`` batched; yield each one's rows as it finishes.
 
@@ -443,11 +451,12 @@ def decode_batched(
         timing: measure ``draft_s`` / ``verify_s``.
         on_start: called once, before decoding, with ``{"engine", "batch_size",
             "max_seq_len", "kv_cache_bytes"}``.
+        stops: the task's decode-time stop strings.
     """
     if not requests:
         return
     b = resolve_batch_size(batch_size, pair.device, len(requests))
-    engine = BatchedEngine(pair, config, b, max(len(ids) for _, ids in requests))
+    engine = BatchedEngine(pair, config, b, max(len(ids) for _, ids in requests), stops)
     if on_start is not None:
         on_start(engine_info(engine))
     yield from engine.run(requests, timing=timing)

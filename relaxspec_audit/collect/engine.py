@@ -60,6 +60,7 @@ from relaxspec_audit.collect.roundlog import (
     _TokenLog,
 )
 from relaxspec_audit.collect.sampling import _host_uniforms, transform_logits
+from relaxspec_audit.collect.stops import StopStrings
 from relaxspec_audit.verify import rng
 from relaxspec_audit.verify.block import Block
 
@@ -98,6 +99,31 @@ def _eos_check_per_step(device: torch.device) -> bool:
     return device.type != "cuda"
 
 
+def cut_emitted(
+    emitted: list[int],
+    m: int,
+    stop: str,
+    eos_ids: frozenset[int],
+    stops: StopStrings | None,
+    output: list[int],
+) -> tuple[int, str]:
+    """How many of a round's ``m`` emittable tokens are kept, and the request's stop.
+
+    The first EOS ends the request (kept, ``"eos"``); else the first token whose text
+    completes a task stop string (kept, ``"stop"``); else all ``m`` and ``stop`` unchanged.
+    ``output`` is what the request emitted before this round.
+    """
+    for j, tok in enumerate(emitted[:m]):
+        if tok in eos_ids:
+            m, stop = j + 1, "eos"
+            break
+    if stops is not None:
+        c = stops.cut([*output, *emitted[:m]], m)
+        if c is not None and (c < m or stop != "eos"):
+            m, stop = c, "stop"
+    return m, stop
+
+
 def decode_request(
     pair: Pair,
     prompt_ids: list[int],
@@ -106,6 +132,7 @@ def decode_request(
     *,
     timing: bool = True,
     rule_fn: Callable[..., Any] | None = None,
+    stops: StopStrings | None = None,
 ) -> RequestRows:
     """Decode one request under ``config.rule`` and return its log rows.
 
@@ -116,6 +143,7 @@ def decode_request(
         request_id: the request key; it keys the coupled random stream (THEORY §4).
         timing: measure ``draft_s`` / ``verify_s`` (synchronises CUDA when on).
         rule_fn: replace the registered rule function (tests of deliberately broken rules).
+        stops: the task's decode-time stop strings (:mod:`~relaxspec_audit.collect.stops`).
 
     Returns:
         ``positions``, ``rounds`` and the ``requests`` row (without item, task, split,
@@ -128,11 +156,11 @@ def decode_request(
     t_start = time.perf_counter()
     with torch.inference_mode():
         if config.rule == TARGET_ONLY:
-            out = _decode_target_only(pair, prompt_ids, config, request_id, timing)
+            out = _decode_target_only(pair, prompt_ids, config, request_id, timing, stops)
         else:
             if pair.draft is None:
                 raise DecodeError(f"rule {config.rule!r} needs a draft model; the pair has none")
-            out = _decode_speculative(pair, prompt_ids, config, request_id, timing, rule_fn)
+            out = _decode_speculative(pair, prompt_ids, config, request_id, timing, rule_fn, stops)
     output_ids, stop, passes, positions, rounds = out
     request = {
         "prompt_ids": list(map(int, prompt_ids)),
@@ -153,6 +181,7 @@ def _decode_speculative(
     request_id: str,
     timing: bool,
     rule_fn: Callable[..., Any] | None,
+    stops: StopStrings | None = None,
 ) -> tuple[list[int], str, int, dict[str, Any], dict[str, Any]]:
     import torch
 
@@ -254,11 +283,7 @@ def _decode_speculative(
         spent_host = float(host[k_r + 2])
         emitted = [*x_host[:a_host].tolist(), y_host]
         m = min(len(emitted), config.max_new_tokens - start)
-        for j, tok in enumerate(emitted[:m]):
-            if tok in pair.eos_ids:
-                m = j + 1
-                stop = "eos"
-                break
+        m, stop = cut_emitted(emitted, m, stop, pair.eos_ids, stops, seq[n_prompt:])
         truncated = m < len(emitted)
         if plog is not None:
             # A truncated round logs only its emitted drafts (no recovery/bonus row).
@@ -272,7 +297,7 @@ def _decode_speculative(
         round_rows.append(
             RoundRecord(len(round_rows), start, k_r, a_logged, m, t1 - t0, t2 - t1, spent_row)
         )
-        if stop == "eos" or truncated:
+        if stop != "length" or truncated:
             break
         # --- roll both caches back to the emitted sequence (all but its last token)
         _crop(t_cache, len(seq) - 1)
@@ -288,6 +313,7 @@ def _decode_target_only(
     config: RunConfig,
     request_id: str,
     timing: bool,
+    stops: StopStrings | None = None,
 ) -> tuple[list[int], str, int, dict[str, Any], dict[str, Any]]:
     """Autoregressive decoding with the target alone (the speed baseline, greedy reference).
 
@@ -331,8 +357,8 @@ def _decode_target_only(
         t1 = timer.now()
         round_rows.append(RoundRecord(i, i, 0, 0, 1, 0.0, t1 - t0, None))
         output.append(tok)
-        if tok in pair.eos_ids:
-            stop = "eos"
+        _, stop = cut_emitted([tok], 1, stop, pair.eos_ids, stops, output[:-1])
+        if stop != "length":
             break
         feed = y.view(1, 1)
     positions = tlog.columns(output, u_all) if tlog is not None else {}

