@@ -29,6 +29,7 @@ test: $(STAMP) lint
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_decoder.py
+	$(BIN)/python benchmarks/bench_batched.py
 	$(BIN)/python benchmarks/bench_stats.py
 
 # Rebuild the embedded pair: the base run, then the target's second seeded cycle
