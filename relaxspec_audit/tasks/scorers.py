@@ -105,26 +105,30 @@ def truncate_code(completion: str, stop: tuple[str, ...] = HUMANEVAL_STOP) -> st
 
 
 def score_code(item: TaskItem, completion: str) -> float | None:
-    """Run ``code_prefix + truncated completion`` and the tests in the sandbox; 1.0 iff pass.
+    """Run ``code_prefix + truncated completion``, then the tests, in the sandbox; 1.0 iff pass.
 
     The completion is cut at :data:`HUMANEVAL_STOP` first (:func:`truncate_code`). The
-    program starts with ``metadata["code_prefix"]`` (the plain HumanEval prompt), falling
-    back to ``item.prompt``, so a chat-prefilled model prompt still scores as
-    ``problem["prompt"] + completion + tests``. ``metadata`` must hold ``test`` (code
-    defining ``check``) and ``entry_point`` (the function name passed to ``check``). A
-    hang, crash, fork bomb or memory blow-up scores 0.0 (see :mod:`relaxspec_audit.tasks.sandbox`).
+    program is ``metadata["code_prefix"]`` (the plain HumanEval prompt), falling back to
+    ``item.prompt``, plus the completion, so a chat-prefilled model prompt still scores as
+    ``problem["prompt"] + completion``. ``metadata`` must hold ``test`` (code defining
+    ``check``) and ``entry_point`` (the function name passed to ``check``); the sandbox's
+    harness runs the tests after the program and calls ``check(entry_point)`` itself. A
+    pass is the harness's report that ``check`` returned, never an exit status: a wrong
+    body followed by ``sys.exit(0)``, ``os._exit(0)``, ``atexit`` or trace hooks scores 0.0,
+    as do a hang, crash, fork bomb or memory blow-up (see
+    :mod:`relaxspec_audit.tasks.sandbox`).
     """
     from relaxspec_audit.tasks import sandbox
 
-    program = (
-        item.metadata.get("code_prefix", item.prompt)
-        + truncate_code(completion)
-        + "\n\n"
-        + item.metadata["test"]
-        + f"\n\ncheck({item.metadata['entry_point']})\n"
-    )
+    program = item.metadata.get("code_prefix", item.prompt) + truncate_code(completion) + "\n"
     timeout = float(item.metadata.get("timeout_s", sandbox.DEFAULT_TIMEOUT_S))
-    return float(sandbox.run_program(program, timeout_s=timeout).passed)
+    result = sandbox.run_program(
+        program,
+        timeout_s=timeout,
+        tests=item.metadata["test"],
+        entry_point=item.metadata["entry_point"],
+    )
+    return float(result.passed)
 
 
 SCORERS: dict[str, Scorer] = {
