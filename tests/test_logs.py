@@ -114,15 +114,17 @@ def test_uncommitted_chunk_dropped_on_resume(tmp_path):
     w = logs.RunWriter(rd, _manifest(cfg), chunk_size=1)
     w.add(_rows("a"))
     w.add(_rows("b"))
-    # simulate a kill after positions/rounds of chunk 2 but before its requests part
-    (rd / "requests" / "part-00001.parquet").unlink()
-    (rd / "positions" / ".part-00002.parquet.tmp").write_bytes(b"junk")
+    # simulate a kill after the three parts of chunk 2 but before its commit record
+    (rd / "commits" / "w0-00001.json").unlink()
+    (rd / "positions" / ".part-w0-00002.parquet.tmp").write_bytes(b"junk")
     assert logs.finished_request_ids(rd) == {"a"}
     # a scan of a running run skips the uncommitted chunk
     assert set(logs.scan(rd, "positions").collect()["request_id"]) == {"a"}
+    w._release()  # the killed writer's lease is gone (stale-lease recovery: test_log_integrity)
     w2 = logs.RunWriter(rd, _manifest(cfg), resume=True, chunk_size=1)
     assert w2.finished == {"a"}
-    assert not (rd / "positions" / "part-00001.parquet").exists()
+    for table in logs.TABLES:
+        assert not (rd / table / "part-w0-00001.parquet").exists()
     assert not list(rd.rglob("*.tmp"))
     w2.add(_rows("b"))
     with pytest.raises(logs.LogError, match="logged twice"):
@@ -190,6 +192,7 @@ def test_time_based_flush(tmp_path):
     w = logs.RunWriter(rd, _manifest(cfg), chunk_size=100, flush_s=0.0)
     w.add(_rows("a"))
     assert logs.finished_request_ids(rd) == {"a"}  # committed at once despite chunk_size
+    w.close()
     w2 = logs.RunWriter(rd, _manifest(cfg), chunk_size=100, flush_s=3600)
     w2.add(_rows("b"))
     assert logs.finished_request_ids(rd) == {"a"}  # queued

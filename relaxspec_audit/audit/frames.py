@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -82,25 +82,44 @@ def _records(df: pl.DataFrame, cols: Sequence[str]) -> list[dict[str, Any]]:
 
 @dataclass
 class RunFrames:
-    """The three log tables of one or more runs, and their manifests."""
+    """The three log tables of one or more runs, their manifests, and which were unverified.
+
+    ``unverified`` lists the run folders whose logs were read without checking them: v1
+    runs written before commit records, or every run when loaded with ``verify=False``.
+    """
 
     positions: Frame
     rounds: Frame
     requests: Frame
     manifests: list[dict[str, Any]]
+    unverified: list[str] = field(default_factory=list)
 
     @classmethod
-    def load(cls, paths: str | Path | Iterable[str | Path]) -> RunFrames:
-        """Lazy scans of run folders (or parents of run folders) via ``logs.scan``."""
+    def load(cls, paths: str | Path | Iterable[str | Path], verify: bool = True) -> RunFrames:
+        """Lazy scans of run folders (or parents of run folders) via ``logs.scan``.
+
+        Args:
+            paths: run folders or their parents.
+            verify: check each committed chunk first (``logs.verify_run``); False skips it.
+
+        Raises:
+            LogError: a damaged or inconsistent log (when verifying), naming the file.
+        """
         from relaxspec_audit.collect import logs
 
         runs = logs.find_runs(paths)
         return cls(
-            positions=logs.scan(runs, "positions"),
-            rounds=logs.scan(runs, "rounds"),
-            requests=logs.scan(runs, "requests"),
+            positions=logs.scan(runs, "positions", verify=verify),
+            rounds=logs.scan(runs, "rounds", verify=verify),
+            requests=logs.scan(runs, "requests", verify=verify),
             manifests=[logs.read_manifest(r) for r in runs],
+            unverified=[str(r) for r in runs if not verify or not logs.is_verified(r)],
         )
+
+    @property
+    def verified(self) -> bool:
+        """True when every run's logs were checked against their commit records."""
+        return not self.unverified
 
     @property
     def theta_grid(self) -> tuple[float, ...]:

@@ -73,6 +73,7 @@ def audit_summary(
     ni_margin: float = 0.02,
     alpha: float = 0.05,
     correction: Literal["holm", "fdr_bh"] = "holm",
+    verify: bool = True,
 ) -> dict[str, Any]:
     """All audit statistics of THEORY §3 as a JSON-ready dict (keys: docs/STATISTICS.md).
 
@@ -91,13 +92,15 @@ def audit_summary(
         ni_margin: non-inferiority margin δ on the score scale.
         alpha: 1 − confidence level.
         correction: ``holm`` or ``fdr_bh`` across tasks.
+        verify: check every run's commit records and value ranges on read (run folders
+            given as paths; :class:`RunFrames` carry their own verification).
 
     Returns:
         A dict with ``schema_version`` = :data:`AUDIT_SCHEMA_VERSION`; see docs/STATISTICS.md.
     """
 
     def frames(x):
-        return x if isinstance(x, RunFrames) or x is None else RunFrames.load(x)
+        return x if isinstance(x, RunFrames) or x is None else RunFrames.load(x, verify=verify)
 
     runs, reference, baseline = frames(runs), frames(reference), frames(baseline)
     es_grid = _manifest_grid(runs.manifests)
@@ -156,6 +159,11 @@ def audit_summary(
         "rules": rules,
         "alpha": alpha,
         "theta_grid": list(grid),
+        # Runs read without verified commit records (old layout, or verify off).
+        "verified": all(f is None or f.verified for f in (runs, reference, baseline)),
+        "unverified_runs": sorted(
+            {u for f in (runs, reference, baseline) if f is not None for u in f.unverified}
+        ),
         "n_requests": int(requests.height),
         "n_positions": int(pos.height),
         "rejected_in_nucleus": _records(
