@@ -11,6 +11,7 @@ real ``logs.RunWriter`` from ``_synthetic.make_run`` frames).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import zlib
 from pathlib import Path
@@ -362,10 +363,14 @@ def test_failing_notebook_is_saved_and_batch_goes_on(tmp_path, monkeypatch):
                 "greedy",
                 {"rule": "asd", "budget": [99.0]},
             ],
-            "parameters": {"ni_margin": -0.5},  # the validation cell rejects it
         }
     )
-    result = batch.run_batch(data, out=tmp_path / "reports", runs=tmp_path / "runs", progress=False)
+    # load_config refuses a bad ni_margin; set it past the config to reach the notebook's
+    # own validation cell, the last guard.
+    plan = batch.load_config(data)
+    bad = dataclasses.replace(plan.tasks[1], parameters={"ni_margin": -0.5})
+    plan = dataclasses.replace(plan, tasks=(plan.tasks[0], bad))
+    result = batch.run_batch(plan, out=tmp_path / "reports", runs=tmp_path / "runs", progress=False)
     assert not result.ok
     ok_task, bad_task = result.tasks
     assert ok_task.ok, [nb.error for nb in ok_task.notebooks]

@@ -23,6 +23,12 @@ Errors name the field by its path in the config, e.g.
 ``demo.yaml:14: tasks[1].rules[2].theta: must be in (0, 1], got 1.5``. Deprecated
 spellings (a rule's old parameter names, the notebook parameter ``margin`` for
 ``ni_margin``) are mapped with a ``FutureWarning`` naming the file and line.
+
+A config file is untrusted input: it is read up to :data:`MAX_CONFIG_BYTES`, strict UTF-8,
+its aliases may expand to at most :data:`MAX_CONFIG_NODES` values (an alias bomb is
+refused before it is expanded), and a key given twice in one mapping is an error (YAML
+would keep the last one silently). Notebook parameters are checked for type and range by
+``report.validate_parameters``, the checker the notebooks' validation cells call.
 """
 
 from __future__ import annotations
@@ -50,6 +56,13 @@ DEFAULT_NOTEBOOKS = ("rejection_anatomy", "fidelity", "choose_setting", "signoff
 BATCH_PARAMETERS = ("runs_dir", "task", "numbers_path")
 #: Deprecated notebook-parameter names, mapped (with a ``FutureWarning``) to the new ones.
 PARAMETER_ALIASES = {"margin": "ni_margin"}
+#: Largest config file read, in bytes: a config is a page of YAML, not data.
+MAX_CONFIG_BYTES = 1 << 20
+#: Most values a config may hold with every alias expanded where it is used: nine nested
+#: tenfold aliases are 10⁹ values in 300 bytes, and the plan walks every one of them.
+MAX_CONFIG_NODES = 100_000
+#: Deepest nesting of mappings and lists (the schema needs 5).
+MAX_CONFIG_DEPTH = 50
 #: Bundled configs (package data).
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -96,8 +109,79 @@ class _LineList(list):
     lines: list[int]
 
 
+class _YAMLProblem(Exception):
+    """A config document refused while it is read (becomes a :class:`BatchConfigError`)."""
+
+    def __init__(self, path: str, message: str, line: int):
+        super().__init__(message)
+        self.path = path
+        self.message = message
+        self.line = line
+
+
 class _LineLoader(yaml.SafeLoader):
-    pass
+    """A safe loader that records lines, refuses duplicate keys and caps alias expansion."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self.field_path: list[Any] = []  # keys and indices down to the node being built
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        # Before anything is built: a bomb is refused from its few distinct nodes.
+        _check_expansion(node)
+        return super().construct_document(node)
+
+
+def _field_path(parts: Sequence[Any]) -> str:
+    """``["tasks", 1, "rules"]`` → ``tasks[1].rules`` (a config field path)."""
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<top>"
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """Refuse a document deeper than MAX_CONFIG_DEPTH or larger than MAX_CONFIG_NODES.
+
+    The size counts an aliased node at every use (what walking the loaded data costs),
+    memoised per distinct node, so a billion-value bomb is measured in a few steps.
+
+    Raises:
+        _YAMLProblem: naming the line where the limit was crossed.
+    """
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: yaml.Node, depth: int) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        line = node.start_mark.line + 1
+        if id(node) in open_nodes:
+            raise _YAMLProblem("<yaml>", "an alias refers to a node that contains it", line)
+        if depth > MAX_CONFIG_DEPTH:
+            raise _YAMLProblem("<yaml>", f"nested deeper than {MAX_CONFIG_DEPTH} levels", line)
+        if isinstance(node, yaml.MappingNode):
+            children = [child for pair in node.value for child in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = node.value
+        else:
+            children = []
+        open_nodes.add(id(node))
+        n = 1
+        for child in children:
+            n += size(child, depth + 1)
+            if n > MAX_CONFIG_NODES:
+                raise _YAMLProblem(
+                    "<yaml>",
+                    f"expands to more than {MAX_CONFIG_NODES} values with its aliases "
+                    "expanded (an alias bomb?); write the values out or split the config",
+                    child.start_mark.line + 1,
+                )
+        open_nodes.discard(id(node))
+        sizes[id(node)] = n
+        return n
+
+    size(root, 0)
 
 
 def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> _LineDict:
@@ -105,13 +189,38 @@ def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> _LineDict
     out.lines = {}
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=True)
-        out[key] = loader.construct_object(value_node, deep=True)
-        out.lines[key] = key_node.start_mark.line + 1
+        line = key_node.start_mark.line + 1
+        try:
+            seen = key in out
+        except TypeError:  # a list or mapping as a key
+            raise _YAMLProblem(
+                _field_path(loader.field_path),
+                f"a key must be a name or a number, got a {type(key).__name__}",
+                line,
+            ) from None
+        if seen:
+            raise _YAMLProblem(
+                _field_path([*loader.field_path, key]),
+                f"duplicate key (first given at line {out.lines[key]}); give each key once",
+                line,
+            )
+        loader.field_path.append(key)
+        try:
+            out[key] = loader.construct_object(value_node, deep=True)
+        finally:
+            loader.field_path.pop()
+        out.lines[key] = line
     return out
 
 
 def _construct_sequence(loader: _LineLoader, node: yaml.SequenceNode) -> _LineList:
-    out = _LineList(loader.construct_object(child, deep=True) for child in node.value)
+    out = _LineList()
+    for i, child in enumerate(node.value):
+        loader.field_path.append(i)
+        try:
+            out.append(loader.construct_object(child, deep=True))
+        finally:
+            loader.field_path.pop()
     out.lines = [child.start_mark.line + 1 for child in node.value]
     return out
 
@@ -209,19 +318,56 @@ def load_config(config: str | Path | Mapping[str, Any]) -> BatchConfig:
         source = str(path)
         if not path.is_file():
             raise BatchConfigError("<file>", f"no such config file: {source}")
-        try:
-            data = yaml.load(path.read_text(), Loader=_LineLoader)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            raise BatchConfigError(
-                "<yaml>",
-                f"not valid YAML: {exc}",
-                source=source,
-                line=mark.line + 1 if mark is not None else None,
-            ) from exc
+        data = _read_yaml(path)
     else:
         data = config
     return _Validator(source).batch(data, path)
+
+
+def _read_yaml(path: Path) -> Any:
+    """Parse a config file within the size, UTF-8, nesting, alias and duplicate-key limits.
+
+    Raises:
+        BatchConfigError: naming the file, and the line and field where known.
+    """
+    source = str(path)
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)  # never more, whatever the file claims
+    except OSError as exc:
+        raise BatchConfigError("<file>", f"cannot read: {exc}", source=source) from exc
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise BatchConfigError(
+            "<file>",
+            f"larger than {MAX_CONFIG_BYTES} bytes (MAX_CONFIG_BYTES); a batch config is a "
+            "page of YAML",
+            source=source,
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BatchConfigError(
+            "<file>",
+            f"not UTF-8 (byte {exc.start}: {raw[exc.start : exc.start + 1]!r})",
+            source=source,
+            line=raw[: exc.start].count(b"\n") + 1,
+        ) from exc
+    try:
+        return yaml.load(text, Loader=_LineLoader)
+    except _YAMLProblem as exc:
+        raise BatchConfigError(exc.path, exc.message, source=source, line=exc.line) from None
+    except RecursionError:  # the composer recurses per nesting level, before our depth check
+        raise BatchConfigError(
+            "<yaml>", f"nested deeper than {MAX_CONFIG_DEPTH} levels", source=source
+        ) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise BatchConfigError(
+            "<yaml>",
+            f"not valid YAML: {exc}",
+            source=source,
+            line=mark.line + 1 if mark is not None else None,
+        ) from exc
 
 
 class _Validator:
@@ -502,6 +648,27 @@ class _Validator:
                         container,
                         key,
                     )
+        self.parameter_values(top, tasks)
+
+    def parameter_values(self, top: Mapping, tasks: list) -> None:
+        """Check each notebook parameter's type and range where it is written.
+
+        The notebooks' validation cells would refuse the same values, but only after every
+        run was collected; here they stop the batch before any work.
+        """
+        from relaxspec_audit.report.parameters import validate_parameters
+
+        blocks = [("parameters", top.get("parameters") or {})]
+        for i, entry in enumerate(tasks):
+            blocks.append((f"tasks[{i}].parameters", entry.get("parameters") or {}))
+        for path, block in blocks:
+            for key, value in block.items():
+                name = PARAMETER_ALIASES.get(key, key)
+                try:
+                    validate_parameters(**{name: value})
+                except ValueError as exc:
+                    message = str(exc).removeprefix(f"{name}: ")
+                    self.fail(f"{path}.{key}", message, block, key)
 
 
 def _written(parameters: Mapping, name: str) -> str | None:

@@ -3,14 +3,21 @@
 Everything here writes static, self-contained files: HTML with inline CSS, figures as
 inline PNG (nbconvert's ``basic`` template), no scripts and no external resources, so a
 report opens offline and can be archived with the sign-off.
+
+Values from summaries and manifests are escaped where they are placed (``html.escape``
+here, :func:`~.format._md` in the notebooks' markdown). As a last guard, a page never
+carries a ``<script>`` element: JavaScript outputs are dropped before the export and any
+script tag left in a notebook's HTML output is shown as text.
 """
 
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from relaxspec_audit.report.format import _now, _pct, _points, _speed
 
@@ -44,6 +51,25 @@ img { max-width: 100%; height: auto; }
 .dataframe { font-size: 0.86em; }
 .output_html { overflow-x: auto; }
 """
+
+
+# An opening or closing script tag in any case (``<script``, ``</SCRIPT``): the one element
+# a static report page never needs.
+_SCRIPT_TAG = re.compile(r"<(/?)(script\b)", re.IGNORECASE)
+
+
+def _no_scripts(body: str) -> str:
+    """``body`` with every script tag turned into text (``&lt;script``), so none runs."""
+    return _SCRIPT_TAG.sub(r"&lt;\1\2", body)
+
+
+def _href(*segments: str) -> str:
+    """A relative link from path segments, percent-encoded.
+
+    ``./`` comes first so that a segment such as ``javascript:x`` stays a file name and
+    never becomes a URL scheme.
+    """
+    return html.escape("./" + "/".join(quote(str(s), safe="") for s in segments))
 
 
 def _page(title: str, body: str, nav: str = "") -> str:
@@ -82,6 +108,12 @@ def export_html(
     from nbconvert import HTMLExporter
 
     nb = nbformat.read(str(ipynb), as_version=4)
+    for cell in nb.cells:  # nbconvert renders a JavaScript output as a live <script>
+        if "outputs" not in cell:
+            continue
+        for output in cell.outputs:
+            output.get("data", {}).pop("application/javascript", None)
+        cell.outputs = [o for o in cell.outputs if o.get("data", True)]  # nothing left to show
     exporter = HTMLExporter(
         template_name="basic",
         exclude_input=True,
@@ -99,7 +131,7 @@ def export_html(
         + "</nav>\n"
     )
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(_page(title or Path(ipynb).stem, body, nav))
+    out.write_text(_page(title or Path(ipynb).stem, _no_scripts(body), nav))
     return out
 
 
@@ -119,13 +151,13 @@ def write_index(report_dir: str | Path, summaries: Sequence[Mapping[str, Any]]) 
     for s in summaries:
         task = s["task_slug"]
         links = " · ".join(
-            f'<a href="{html.escape(task)}/{html.escape(nb["html"])}">'
+            f'<a href="{_href(task, nb["html"])}">'
             f"{html.escape(nb['name'].replace('_', ' '))}</a>"
             + ("" if nb["ok"] else ' <span class="badge failed">error</span>')
             for nb in s.get("notebooks", [])
             if nb.get("html")
         )
-        links += f' · <a href="{html.escape(task)}/summary.json">summary.json</a>'
+        links += f' · <a href="{_href(task, "summary.json")}">summary.json</a>'
         families = s.get("families") or [{}]
         for i, fam in enumerate(families):
             verdict = fam.get("verdict") or ("failed" if s.get("status") != "ok" else "–")

@@ -1,7 +1,9 @@
 """Short text of report numbers: values, settings, percentages, intervals, timestamps.
 
 Shared by the HTML index (:mod:`.export`), the notebook markdown (:mod:`.markdown`) and
-the run labels (:mod:`.runs`), so a number reads the same on every page.
+the run labels (:mod:`.runs`), so a number reads the same on every page. Text that came
+from a manifest, a config or a log goes into markdown through :func:`_md`, so it shows as
+text and never as a tag, a link or table syntax.
 """
 
 from __future__ import annotations
@@ -18,6 +20,40 @@ def _fmt(value: Any, digits: int = 3) -> str:
     if isinstance(value, float):
         return f"{value:.{digits}g}" if abs(value) < 1e4 else f"{value:.3e}"
     return html.escape(str(value))
+
+
+# Markdown is rendered to HTML with raw tags passed through (nbconvert's mistune does not
+# sanitize), so a value must be inert both as HTML and as markdown syntax: entities are
+# decoded to literal text by the renderer and never parsed as syntax. One str.translate
+# pass, so no entity is escaped again by a later replacement.
+_MD_ENTITIES = {
+    "&": "&amp;",
+    "<": "&lt;",
+    ">": "&gt;",
+    "|": "&#124;",  # a table cell separator
+    "`": "&#96;",  # a code span (escaping nothing inside it)
+    "\\": "&#92;",
+    "*": "&#42;",
+    "_": "&#95;",
+    "[": "&#91;",  # a link, [x](javascript:...)
+    "]": "&#93;",
+    "!": "&#33;",
+    "#": "&#35;",
+}
+_MD_TABLE = str.maketrans(_MD_ENTITIES)
+
+
+def _md(value: Any) -> str:
+    """A value as inert markdown text: no tag, link, emphasis, code span or table cell break.
+
+    Args:
+        value: any value (a manifest field, a task name, a model path, a reason).
+
+    Returns:
+        ``str(value)`` on one line with HTML and markdown syntax characters as entities.
+    """
+    text = " ".join(str(value).splitlines())  # a newline would end a table row or list item
+    return text.translate(_MD_TABLE)
 
 
 def _setting(chosen: Mapping[str, Any] | None) -> str:

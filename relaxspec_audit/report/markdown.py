@@ -1,11 +1,17 @@
-"""Markdown of a task's audit for the notebooks: choices, the sign-off page, manifest facts."""
+"""Markdown of a task's audit for the notebooks: choices, the sign-off page, manifest facts.
+
+Every value that comes from a summary, a manifest or a config (task names, model paths,
+rule settings, reasons, errors) goes through :func:`~.format._md`: the markdown is
+rendered to HTML with raw tags passed through, so an unescaped ``<script>`` in a model
+folder's name would be live in the exported page.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from relaxspec_audit.report.format import _pct, _points, _speed
+from relaxspec_audit.report.format import _md, _pct, _points, _speed
 
 
 def choices_markdown(choices: Sequence[Mapping[str, Any]]) -> str:
@@ -21,20 +27,23 @@ def choices_markdown(choices: Sequence[Mapping[str, Any]]) -> str:
         for split in ("discovery", "confirmation"):
             row = c.get(split)
             lines.append(
-                f"| {c['rule']} vs {c['reference']} | **{c['verdict']}** "
-                f"| {c.get('setting') or '–'} "
+                f"| {_md(c['rule'])} vs {_md(c['reference'])} | **{_md(c['verdict'])}** "
+                f"| {_md(c.get('setting') or '–')} "
                 f"| {split} | {_speed(row)} | {_points(row)} "
-                f"| {'–' if not row else row.get('noninferior')} "
+                f"| {'–' if not row else _md(row.get('noninferior'))} "
                 f"| {_pct(row.get('divergence')) if row else '–'} |"
             )
-    notes = [f"- {c['rule']}: {r}" for c in choices for r in [*c["reasons"], *c["caveats"]]]
+    notes = [
+        f"- {_md(c['rule'])}: {_md(r)}" for c in choices for r in [*c["reasons"], *c["caveats"]]
+    ]
     return "\n".join(lines + (["", *notes] if notes else []))
 
 
 def signoff_markdown(summary: Mapping[str, Any]) -> str:
     """The one-page sign-off text of a task summary: verdicts, numbers, caveats."""
     out = [
-        f"# Sign-off: `{summary['task']}`",
+        # <code>, not a code span: a backtick in the name would end a code span early.
+        f"# Sign-off: <code>{_md(summary['task'])}</code>",
         "",
         "The record for deploying a relaxed rule on this task: per rule, the verdict, the "
         "setting chosen on the discovery split and what it measured on the confirmation split "
@@ -42,7 +51,7 @@ def signoff_markdown(summary: Mapping[str, Any]) -> str:
         "`summary.json` beside this page holds the same numbers.",
         "",
         f"Non-inferiority margin δ = {100 * summary['ni_margin']:g} points, "
-        f"{100 * (1 - summary['alpha']):g}% intervals. Status: **{summary['status']}**.",
+        f"{100 * (1 - summary['alpha']):g}% intervals. Status: **{_md(summary['status'])}**.",
     ]
     if not summary.get("families"):
         out += ["", "_No relaxed rule was audited for this task._"]
@@ -50,15 +59,19 @@ def signoff_markdown(summary: Mapping[str, Any]) -> str:
         conf = fam.get("confirmation")
         out += [
             "",
-            f"## {fam['rule']} vs {fam['reference']}: **{fam['verdict'].upper()}**",
+            f"## {_md(fam['rule'])} vs {_md(fam['reference'])}: "
+            f"**{_md(str(fam['verdict']).upper())}**",
             "",
-            f"- chosen {fam['knob']}: **{fam.get('setting') or 'none'}** (on the discovery split)",
+            f"- chosen {_md(fam['knob'])}: **{_md(fam.get('setting') or 'none')}** "
+            "(on the discovery split)",
         ]
         if not fam.get("setting") and fam.get("shown_setting"):
-            out.append(f"- numbers below: the fastest setting, {fam['shown_setting']} (not chosen)")
+            out.append(
+                f"- numbers below: the fastest setting, {_md(fam['shown_setting'])} (not chosen)"
+            )
         if fam.get("n_required"):
-            out.append(f"- items per split needed for a powered decision: {fam['n_required']}")
-        out.append(f"- speed-up over {fam['reference']} (confirmation): {_speed(conf)}")
+            out.append(f"- items per split needed for a powered decision: {_md(fam['n_required'])}")
+        out.append(f"- speed-up over {_md(fam['reference'])} (confirmation): {_speed(conf)}")
         if conf and conf.get("speedup_vs_baseline") is not None:
             out.append(f"- speed-up over target-only decoding: {conf['speedup_vs_baseline']:.2f}×")
         if conf and conf.get("tau") is not None:
@@ -77,11 +90,11 @@ def signoff_markdown(summary: Mapping[str, Any]) -> str:
                 f"{_pct(conf.get('identical_rate'))}"
             )
         for r in fam.get("reasons", []):
-            out.append(f"- why: {r}")
+            out.append(f"- why: {_md(r)}")
         for c in fam.get("caveats", []):
-            out.append(f"- caveat: {c}")
+            out.append(f"- caveat: {_md(c)}")
     for e in summary.get("errors", []):
-        out.append(f"- **error**: {e}")
+        out.append(f"- **error**: {_md(e)}")
     return "\n".join(out)
 
 
@@ -96,13 +109,15 @@ def manifest_markdown(facts: Mapping[str, Any]) -> str:
             if not info:  # target-only runs load no draft
                 continue
             if isinstance(info, Mapping):
-                desc = ", ".join(f"{k}: {v}" for k, v in info.items() if not isinstance(v, dict))
+                desc = ", ".join(
+                    f"{_md(k)}: {_md(v)}" for k, v in info.items() if not isinstance(v, dict)
+                )
             else:
-                desc = str(info)
+                desc = _md(info)
             lines.append(f"| {role} model{f' ({i + 1})' if i else ''} | {desc} |")
     for key in ("seeds", "k", "temperatures", "max_new_tokens", "package_version",
                 "git_commit", "hosts", "n_runs", "statuses", "started_at", "ended_at"):  # fmt: skip
-        lines.append(f"| {key.replace('_', ' ')} | {facts.get(key)} |")
+        lines.append(f"| {key.replace('_', ' ')} | {_md(facts.get(key))} |")
     for v in facts.get("versions", []):
-        lines.append(f"| versions | {', '.join(f'{k} {x}' for k, x in v.items())} |")
+        lines.append(f"| versions | {', '.join(f'{_md(k)} {_md(x)}' for k, x in v.items())} |")
     return "\n".join(lines)

@@ -1,11 +1,14 @@
 """Notebook parameter checks: a report notebook refuses bad or undeclared parameters.
 
 papermill only warns about an unknown parameter; the notebooks' validation cell calls
-:func:`validate_parameters`, which raises naming the first bad one.
+:func:`validate_parameters`, which raises naming the first bad one. The batch config
+(``batch.load_config``) and ``relaxspec-audit audit`` call the same checker on their
+values before any work, so a value a notebook would refuse never reaches collection.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +22,10 @@ def validate_parameters(**params: Any) -> None:
     """Check a notebook's parameters; raise naming the first bad one.
 
     Known names: ``runs_dir`` (an existing folder with runs of ``task``), ``task``,
-    ``ni_margin`` (the non-inferiority margin δ, ≥ 0, score units), ``alpha`` (in
-    (0, 1)), ``thetas`` (None: the runs' logged grid; else non-empty, each in (0, 1]),
-    ``split`` / ``discovery`` / ``confirmation`` (a split name), ``numbers_path`` (str),
-    ``collect`` (bool),
+    ``ni_margin`` (the non-inferiority margin δ, a fraction of the score in [0, 1):
+    0.02 = 2 points), ``alpha`` (in (0, 1)), ``thetas`` (None: the runs' logged grid;
+    else non-empty, each in (0, 1]), ``split`` / ``discovery`` / ``confirmation`` (a split
+    name), ``numbers_path`` (str), ``collect`` (bool),
     ``limit`` / ``k`` / ``max_new_tokens`` (int ≥ 1), ``seed`` (int ≥ 0). Unknown names
     are an error too (``margin``, the old name of ``ni_margin``, says so).
 
@@ -46,10 +49,11 @@ def validate_parameters(**params: Any) -> None:
             if value not in (*RULES, TARGET_ONLY):
                 bad(name, "must be a rule name")
         elif name == "ni_margin":
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                bad(name, "must be a number >= 0 (score units: 0.02 = 2 points)")
+            # A fraction, not points: 5 would be a margin of 500 points and pass everything.
+            if not _number(value) or not 0 <= value < 1:
+                bad(name, "must be a number >= 0 and < 1, in score units (0.02 = 2 points)")
         elif name == "alpha":
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
+            if not _number(value) or not 0 < value < 1:
                 bad(name, "must be in (0, 1)")
         elif name == "thetas":
             if value is None:  # the grid the runs logged E_S on
@@ -57,7 +61,7 @@ def validate_parameters(**params: Any) -> None:
             if not isinstance(value, list | tuple) or not value:
                 bad(name, "must be None or a non-empty list")
             for t in value:
-                if isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t <= 1:
+                if not _number(t) or not 0 < t <= 1:
                     bad(name, f"every θ must be in (0, 1] ({t!r} is not)")
         elif name in ("split", "discovery", "confirmation"):
             if value not in _SPLITS:
@@ -73,7 +77,9 @@ def validate_parameters(**params: Any) -> None:
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 bad(name, f"must be an integer >= {low}")
         elif name == "splits":
-            if not isinstance(value, list | tuple) or not value or set(value) - set(_SPLITS):
+            if not isinstance(value, list | tuple) or not value:
+                bad(name, f"must be a non-empty list of {_SPLITS}")
+            if any(s not in _SPLITS for s in value):
                 bad(name, f"must be a non-empty list of {_SPLITS}")
         elif name == "rules":
             if not isinstance(value, list) or not value:
@@ -93,3 +99,8 @@ def validate_parameters(**params: Any) -> None:
             raise ValueError(
                 f"task: no runs of task {params['task']!r} under runs_dir {params['runs_dir']!r}"
             )
+
+
+def _number(value: Any) -> bool:
+    """A finite int or float (not a bool, which is an int to Python)."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
