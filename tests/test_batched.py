@@ -281,3 +281,13 @@ def test_batch_size_is_a_run_option_outside_the_run_id():
     assert {r.batch_size for r in plan.runs} == {4}
     with pytest.raises(batch.BatchConfigError, match="batch_size"):
         batch.plan_task("arith", ["exact"], batch_size=-1)
+
+
+def test_a_suspended_or_abandoned_generator_leaves_grad_mode_alone(pair):
+    """Grad mode is thread state: the engine must not hold inference mode across a yield."""
+    reqs = _requests(pair, "arith", 3)
+    gen = batched.decode_batched(pair, reqs, _cfg("exact", max_new_tokens=4), 2)
+    next(gen)
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+    del gen
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()

@@ -189,17 +189,20 @@ class BatchedEngine:
         """
         pending = iter(requests)
         rows: list[_Row | None] = [None] * self.b
-        with torch.inference_mode():
-            while True:
+        while True:
+            # Inference mode only around the work, never across a `yield`: grad mode is
+            # thread state, and a suspended (or abandoned) generator would leak it.
+            with torch.inference_mode():
                 for slot in range(self.b):
                     if rows[slot] is None:
                         rows[slot] = self._admit(slot, next(pending, None))
                 if all(r is None for r in rows):
                     return
                 finished = self._round(rows, timing) if self.k else self._step(rows, timing)
-                for slot in finished:
-                    yield self._finish(rows[slot])
-                    rows[slot] = None
+                done = [self._finish(rows[slot]) for slot in finished]
+            for slot in finished:
+                rows[slot] = None
+            yield from done
 
     def _admit(self, slot: int, request: tuple[str, list[int]] | None) -> _Row | None:
         """Start a request in ``slot``: prefill all of its prompt but the last token."""
