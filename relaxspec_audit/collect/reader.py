@@ -23,6 +23,7 @@ from relaxspec_audit.collect.schema import (
     MANIFEST,
     SCHEMA,
     SCHEMA_VERSION,
+    SUM_TOLERANCE,
     TABLES,
     TOLERANCE,
     LogError,
@@ -303,7 +304,8 @@ def _bad_value_exprs(table: str) -> dict[str, pl.Expr]:
         out: dict[str, pl.Expr] = {}
         for name, nullable in (("p", False), ("q", True), ("p_max", False), ("mass_above", False)):
             c = pl.col(name)
-            bad = c.is_nan() | (c < lo) | (c > hi)
+            top = 1.0 + SUM_TOLERANCE if name == "mass_above" else hi
+            bad = c.is_nan() | (c < lo) | (c > top)
             out[name] = bad.fill_null(not nullable)
         for name, nullable in (("entropy_p", False), ("entropy_q", True)):
             c = pl.col(name)
@@ -342,7 +344,8 @@ def _check_values(table: str, parts: list[Path]) -> None:
 
 
 _EXPECTED = {
-    **{c: f"a probability in [0, 1 + {TOLERANCE:g}]" for c in ("p", "q", "p_max", "mass_above")},
+    **{c: f"a probability in [0, 1 + {TOLERANCE:g}]" for c in ("p", "q", "p_max")},
+    "mass_above": f"a probability mass in [0, 1 + {SUM_TOLERANCE:g}] (a sum over the vocabulary)",
     "entropy_p": f"a finite entropy >= -{TOLERANCE:g}",
     "entropy_q": f"a finite entropy >= -{TOLERANCE:g} or null",
     "kind": f"one of {KINDS}",

@@ -92,6 +92,9 @@ DEFAULT_WRITER = "w0"
 LEASE_TIMEOUT_S = 300.0
 #: Float tolerance of the range checks (float32 sums may exceed 1 by rounding).
 TOLERANCE = 1e-6
+#: Tolerance of ``mass_above``, a sum of up to V float32 probabilities whose softmax sums to
+#: 1 only up to float32 rounding (1.0000013 was measured on the embedded pair's logs).
+SUM_TOLERANCE = 1e-4
 # part-00000.parquet (written before namespaces: no writer) or part-<writer>-00000.parquet
 _PART_RE = re.compile(r"^part-(?:(?P<writer>[A-Za-z][A-Za-z0-9_]*)-)?(?P<n>\d{5})\.parquet$")
 _WRITER_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
