@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from relaxspec_audit.collect.config import TARGET_ONLY, RunConfig
-from relaxspec_audit.collect.engine import cut_emitted, guard_logits, nonfinite_error
+from relaxspec_audit.collect.engine import _Timer, cut_emitted, guard_logits, nonfinite_error
 from relaxspec_audit.collect.fastmodel import FastLM, supports
 from relaxspec_audit.collect.logs import RequestRows, output_sha256
 from relaxspec_audit.collect.pair import DecodeError, Pair
@@ -446,21 +446,6 @@ class BatchedEngine:
 
 def _prompt_lens(rows: list[_Row | None]) -> np.ndarray:
     return np.array([len(r.prompt) if r else 0 for r in rows], dtype=np.int64)
-
-
-class _Timer:
-    """Wall-clock sections; synchronises CUDA only when timing is on."""
-
-    def __init__(self, device: torch.device, enabled: bool) -> None:
-        self.cuda = enabled and device.type == "cuda"
-        self.enabled = enabled
-
-    def now(self) -> float:
-        if not self.enabled:
-            return 0.0
-        if self.cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()
 
 
 def decode_batched(
