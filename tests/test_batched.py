@@ -108,6 +108,12 @@ def assert_same_up_to_near_tie(one, many, config: RunConfig) -> None:
         x = [one.positions[col][i] for i in keep]
         y = [many.positions[col][i] for i in keep]
         assert x == y, (one.request_id, col)
+    if "es" in one.positions:  # E_S on the θ grid: a list per row (null on bonus rows)
+        for i in keep:
+            x, y = one.positions["es"][i], many.positions["es"][i]
+            assert (x is None) == (y is None), (one.request_id, "es", i)
+            if x is not None:
+                np.testing.assert_allclose(_float(x), _float(y), atol=TOL_P, err_msg="es")
     for col, values in one.positions.items():
         if col in DISCRETE_POS or col == "es":
             continue
@@ -291,3 +297,25 @@ def test_a_suspended_or_abandoned_generator_leaves_grad_mode_alone(pair):
     assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
     del gen
     assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+
+
+@pytest.mark.parametrize("flush_rounds", [1, 3])
+def test_rows_flushed_together_mid_request_log_the_same_rows(pair, monkeypatch, flush_rounds):
+    """With a real vocabulary a row's log is due every few rounds; the engine then flushes
+    every row together (one token_stats, one E_S grid, one host copy). Forced here on the
+    small pair: the rows equal the one-request engine's, flushed once per request."""
+    from relaxspec_audit.collect import roundlog
+
+    config = _cfg("nucleus", params={"theta": 0.9})
+    reqs = _requests(pair, "story", 6)
+    one = {rid: decode_request(pair, ids, config, rid) for rid, ids in reqs}
+    calls = []
+    monkeypatch.setattr(roundlog, "_FLUSH_MAX_ROUNDS", flush_rounds)
+    real = roundlog.flush_together
+    monkeypatch.setattr(
+        batched, "flush_together", lambda logs: calls.append(len(logs)) or real(logs)
+    )
+    many = {r.request_id: r for r in batched.decode_batched(pair, reqs, config, 4)}
+    assert calls and max(calls) > 1  # several rows' logs flushed in one call
+    for rid in one:
+        assert_same_up_to_near_tie(one[rid], many[rid], config)

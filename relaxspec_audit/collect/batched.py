@@ -51,6 +51,7 @@ from relaxspec_audit.collect.roundlog import (
     _RoundLog,
     _rounds,
     _TokenLog,
+    flush_together,
 )
 from relaxspec_audit.collect.sampling import _host_uniforms, transform_logits
 from relaxspec_audit.collect.stops import StopStrings
@@ -230,7 +231,7 @@ class BatchedEngine:
                 spec = cfg.spec
                 theta = spec.nucleus_theta(cfg.params)
                 row.log = _RoundLog(self.k, v, theta, list(cfg.theta_grid), row.u_all,
-                                    share=self.b)  # fmt: skip
+                                    share=self.b, auto_flush=False)  # fmt: skip
             else:
                 row.log = _TokenLog(v, cfg.greedy, len(cfg.theta_grid))
         return row
@@ -383,6 +384,11 @@ class BatchedEngine:
                     self._state = self._state.index_fill(0, torch.tensor([i], device=dev), 0.0)
             else:
                 r.d_lack = [int(x_host[i, k - 1]), y] if a == k else [y]
+        # Logging: when one row's log is due, flush every row's together (one token_stats,
+        # one E_S grid, one host copy for the batch); finished rows flush in _finish.
+        logs = [rows[i].log for i in live if rows[i].log is not None and i not in finished]
+        if any(len(log.pending) >= log.n_flush for log in logs):
+            flush_together(logs)
         return finished
 
     def _raise_nonfinite(self, rows: list[_Row | None], d_bad: Any, t_bad: Any) -> None:

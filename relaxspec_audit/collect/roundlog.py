@@ -218,13 +218,23 @@ class _RoundLog:
     """
 
     def __init__(
-        self, k: int, v: int, theta: float, grid: list[float], u_all: np.ndarray, share: int = 1
+        self,
+        k: int,
+        v: int,
+        theta: float,
+        grid: list[float],
+        u_all: np.ndarray,
+        share: int = 1,
+        auto_flush: bool = True,
     ):
         self.k, self.theta, self.grid = k, theta, grid
         self.u_all = u_all  # [3, N+K+1] the request's uniforms (draft, accept, sample)
         # `share` logs hold views of one batched round's tensors: split the budget among them.
         budget = _FLUSH_FLOATS // max(1, share)
         self.n_flush = max(1, min(_FLUSH_MAX_ROUNDS, budget // ((3 * k + 2) * v)))
+        # A batched engine flushes all its rows' logs together (flush_together): one
+        # token_stats, one E_S grid and one host copy for the batch, not one per row.
+        self.auto_flush = auto_flush
         self.pending: list[RoundTensors] = []  # rounds not yet flushed, padded to K
         self.rounds: list[RoundOutcome] = []  # every round, drafts padded to K
         self.k_r: list[int] = []  # drafts made per round
@@ -252,40 +262,42 @@ class _RoundLog:
         self.pending.append(tensors)
         self.rounds.append(outcome)
         self.k_r.append(k_r)
-        if len(self.pending) >= self.n_flush:
+        if self.auto_flush and len(self.pending) >= self.n_flush:
             self._flush()
 
     def _flush(self) -> None:
+        flush_together([self])
+
+    def _pending_rows(self) -> tuple[Any, ...]:
+        """This log's pending rounds as token rows: the R·K drafts, then the R emitted."""
         import torch
 
-        if not self.pending:
-            return
         k, pend = self.k, self.pending
-        n = len(pend)
-        a = [r.accepted for r in self.rounds[-n:]]
-        # Rows: the R·K drafts, then the R emitted tokens; one copy per tensor (a bonus
-        # row's q is a stand-in, ignored on the host).
+        a = [r.accepted for r in self.rounds[-len(pend) :]]
+        # One copy per tensor; a bonus row's q is a stand-in, ignored on the host.
         emit = list(zip(pend, a, strict=True))
         p = torch.cat([r.p[:k] for r in pend] + [r.p[ai : ai + 1] for r, ai in emit])
         q = torch.cat([r.q for r in pend] + [r.q[min(ai, k - 1)][None] for r, ai in emit])
         z = torch.cat([r.z[:k] for r in pend] + [r.z[ai : ai + 1] for r, ai in emit])
         x = torch.cat([r.drafts for r in pend] + [r.token for r in pend])  # [R·K + R]
         decisions = torch.stack([d for r in pend for d in r.decisions])  # [3R, K] int64
-        st_h, dec = _host_token_stats(p, q, z, x, self.theta, extra=decisions)
+        return p, q, z, x, decisions
+
+    def _store(self, st_h: np.ndarray, dec: np.ndarray, es: np.ndarray) -> None:
+        """Keep one flush's host results: st_h ``[S, R·K + R]``, dec ``[3R·K]``, es."""
+        k, n = self.k, len(self.pending)
         n_s, n_pos = len(_HOST_STATS), n * k
-        dec_h = dec.reshape(n, 3, k)
         self.stats.append(
             np.concatenate(
                 [
                     st_h[:, :n_pos].reshape(n_s, n, k).transpose(1, 0, 2).reshape(n, -1),
-                    dec_h.reshape(n, -1),
+                    dec.reshape(n, 3, k).reshape(n, -1),
                     st_h[:, n_pos:].T,
                 ],
                 1,
             )
         )  # [R, (S + 3)·K + S]: draft stats, decisions, emitted-token stats
-        es = es_grid_topm(p[: n * k], q[: n * k], self.grid)  # [R·K, G]
-        self.es.append(es.reshape(n, k, -1))
+        self.es.append(es.reshape(n, k, -1))  # [R, K, G]
         self.pending.clear()
 
     def columns(self) -> dict[str, Any]:
@@ -331,6 +343,40 @@ class _RoundLog:
         out = {name: col[keep] for name, col in cols.items()}
         out["kind"] = kind[keep].tolist()
         return _position_columns(out, len(self.grid))
+
+
+def flush_together(logs: list[_RoundLog]) -> None:
+    """Flush the pending rounds of many logs (one per row of a batch) at once.
+
+    One ``token_stats`` over every pending row of every log, one ``E_S`` grid run and one
+    device → host copy for the lot, then each log keeps its own slice. All logs share K,
+    θ and the θ grid (they are rows of one run).
+    """
+    import torch
+
+    logs = [log for log in logs if log.pending]
+    if not logs:
+        return
+    parts = [log._pending_rows() for log in logs]
+    head = logs[0]
+    p, q, z, x = (torch.cat([pt[j] for pt in parts]) for j in range(4))
+    decisions = torch.cat([pt[4] for pt in parts])  # [Σ 3R_i, K]
+    st_h, dec = _host_token_stats(p, q, z, x, head.theta, extra=decisions)
+    # E_S over the draft rows only: each log's block starts with its R_i·K drafts.
+    sizes = [pt[0].shape[0] for pt in parts]  # R_i·(K+1) rows per log
+    n_drafts = [len(log.pending) * log.k for log in logs]
+    starts = np.cumsum([0, *sizes])
+    d_rows = torch.cat([torch.arange(s, s + n, device=p.device)
+                        for s, n in zip(starts, n_drafts, strict=False)])  # fmt: skip
+    es = es_grid_topm(p[d_rows], q[d_rows], head.grid)  # [Σ R_i·K, G]
+    dec_starts = np.cumsum([0, *(3 * len(log.pending) * log.k for log in logs)])
+    es_starts = np.cumsum([0, *n_drafts])
+    for i, log in enumerate(logs):
+        log._store(
+            st_h[:, starts[i] : starts[i + 1]],
+            dec[dec_starts[i] : dec_starts[i + 1]],
+            es[es_starts[i] : es_starts[i + 1]],
+        )
 
 
 class _TokenLog:
