@@ -431,3 +431,36 @@ def test_audit_summary_reports_which_runs_were_read_unverified(tmp_path):
     assert stats.audit_summary(run)["verified"] is True
     off = stats.audit_summary(run, verify=False)
     assert off["verified"] is False and off["unverified_runs"] == [str(run)]
+
+
+def test_records_whose_parts_are_gone_are_dropped_on_resume(tmp_path):
+    """A start-over (--no-resume) killed after deleting parts but before their records left
+    records that marked requests finished which no longer existed: a resume now drops such
+    records of its own namespace, re-decodes those requests, and the run reads again."""
+    rd = _run(tmp_path)  # a, b | c, d in two chunks
+    for table in logs.TABLES:
+        for part in (rd / table).glob("part-w0-00000.parquet"):
+            part.unlink()  # the first chunk's parts are gone, its record is not
+    with logs.RunWriter(rd, _manifest(RunConfig()), chunk_size=2) as w:
+        assert w.finished == {"c", "d"}
+        for rid in ("a", "b"):
+            w.add(_rows(rid))
+    assert _request_ids(rd) == ["a", "b", "c", "d"]
+
+
+def test_start_over_removes_commit_points_before_parts(tmp_path, monkeypatch):
+    """--no-resume deletes records first: interrupted half way, nothing reads as finished."""
+    rd = _run(tmp_path)
+    deleted = []
+    real_unlink = type(rd).unlink
+
+    def unlink(path, *a, **kw):
+        deleted.append(path.parent.name)
+        return real_unlink(path, *a, **kw)
+
+    monkeypatch.setattr(type(rd), "unlink", unlink)
+    with logs.RunWriter(rd, _manifest(RunConfig()), resume=False) as w:
+        assert w.finished == set()
+    data = [name for name in deleted if name in (*logs.TABLES, logs.COMMITS)]  # not leases
+    first_part = next(i for i, name in enumerate(data) if name in logs.TABLES)
+    assert set(data[:first_part]) == {logs.COMMITS} and logs.COMMITS not in data[first_part:]

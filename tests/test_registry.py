@@ -154,7 +154,7 @@ def test_batch_config_accepts_the_deprecated_spelling_with_a_warning():
         warnings.simplefilter("always")
         plan = batch.plan_task("arith", [{"rule": "margin", "theta": 0.8}], limit=2)
     assert {r.params.logit_ratio for r in plan.runs} == {0.8}
-    assert any("'theta' is deprecated" in str(w.message) for w in caught)
+    assert sum("'theta' is deprecated" in str(w.message) for w in caught) == 1  # not per split
 
 
 # --------------------------------------------------------- resolved through the report
@@ -213,3 +213,12 @@ def test_shown_setting_of_an_unscored_family_ignores_wall_clock():
     flipped = rows.with_columns(pl.Series("speedup_vs_reference", [1.2, 0.9, 0.7]))
     assert fastest_setting(flipped) == "nucleus θ=0.9"
     assert fastest_setting(rows.clear()) is None
+
+
+def test_sampling_settings_have_one_spelling_per_decoding():
+    """temperature 0 (a YAML int) and 0.0, 1 and 1.0, top_p 1 and none: one run each."""
+    assert RunConfig(temperature=1).run_id() == RunConfig(temperature=1.0).run_id()
+    greedy = RunConfig(rule="greedy", temperature=0)
+    assert greedy.run_id() == RunConfig(rule="greedy", temperature=0.0).run_id()
+    assert RunConfig(top_p=1).run_id() == RunConfig(top_p=None).run_id()
+    assert RunConfig(top_p=0.9).run_id() != RunConfig().run_id()

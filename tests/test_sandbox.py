@@ -121,7 +121,8 @@ def test_environment_is_minimal_and_cwd_is_a_fresh_temporary_folder(monkeypatch)
         # the end-to-end check with a secret in a caller's environ is in
         # test_sandbox_attacks.py).
         assert parent == "FileNotFoundError"
-    assert set(env) <= {"PATH", "HOME", "LANG", "TMPDIR", "LC_CTYPE"}
+    threads = {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"}  # set to 1
+    assert set(env) <= {"PATH", "HOME", "LANG", "TMPDIR", "LC_CTYPE", *threads}
     assert cwd != os.getcwd() and not os.path.exists(cwd)  # deleted afterwards
 
 

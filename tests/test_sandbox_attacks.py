@@ -244,3 +244,31 @@ def test_user_drop_runs_as_nobody_and_still_needs_the_nonce():
     assert int(res.stdout) == nobody.pw_uid
     res = sandbox.run_program("import sys\nsys.exit(0)\n", timeout_s=5.0, isolation_=iso)
     assert res.returncode == 0 and not res.passed
+
+
+def test_correct_completions_with_threads_and_numpy_pass():
+    """Threads count against RLIMIT_NPROC on Linux: a correct body that starts threads, or
+    imports numpy (whose BLAS starts threads), must still pass."""
+    threads = (
+        "    from concurrent.futures import ThreadPoolExecutor\n"
+        "    with ThreadPoolExecutor(2) as ex:\n"
+        "        return list(ex.map(lambda v: v + 1, [x]))[0]\n"
+    )
+    assert score_code(ITEM, threads) == 1.0
+    with_numpy = "    import numpy as np\n    return int(np.add(x, 1))\n"
+    assert score_code(ITEM, with_numpy) == 1.0
+
+
+def test_process_limit_only_without_a_pid_namespace():
+    """RLIMIT_NPROC counts every process and thread of the real user, so it is only set
+    where no PID namespace contains the run; thread pools of numeric libraries stay at one."""
+    probe = (
+        "import os, resource\n"
+        "print(resource.getrlimit(resource.RLIMIT_NPROC)[0], os.environ['OMP_NUM_THREADS'],"
+        " os.environ['OPENBLAS_NUM_THREADS'])\n"
+    )
+    bare = sandbox.run_program(probe, timeout_s=10.0, isolation_=sandbox.NO_ISOLATION)
+    assert bare.stdout.split() == ["1", "1", "1"], bare
+    if sandbox.isolation().pid_namespace:
+        res = sandbox.run_program(probe, timeout_s=10.0)
+        assert res.stdout.split()[0] != "1" and res.stdout.split()[1:] == ["1", "1"], res

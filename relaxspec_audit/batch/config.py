@@ -556,7 +556,7 @@ class _Validator:
         if rule in _greedy_only_rules() and "temperature" not in entry:
             # Greedy-only rules (THEORY §2.2, §2.4) run at temperature 0 unless told otherwise,
             # so one config can hold the sampling and the greedy families side by side.
-            fields["temperature"] = 0
+            fields["temperature"] = 0.0
         grid = {k: entry[k] for k in param_names if k in entry}
         for k, v in grid.items():
             if isinstance(v, list) and not v:
@@ -567,8 +567,8 @@ class _Validator:
         ]
         runs: list[RunConfig] = []
         for combo in itertools.product(*axes):
-            params = {k: x for k, _, x in combo}
-            self.rule_params(rule, params, combo, path, entry)
+            # Resolved once (one deprecation warning per entry, not one per split).
+            params = self.rule_params(rule, {k: x for k, _, x in combo}, combo, path, entry)
             for s, split in enumerate(splits):
                 try:
                     config = RunConfig(
@@ -587,15 +587,16 @@ class _Validator:
                 runs.append(self.model_paths(config, where))
         return runs
 
-    def rule_params(self, rule: str, params: dict, combo: tuple, path: str, entry: Mapping) -> None:
+    def rule_params(self, rule: str, params: dict, combo: tuple, path: str, entry: Mapping) -> Any:
+        """The rule's resolved params (None for target-only); errors name field and line."""
         if rule == TARGET_ONLY:
-            return
+            return None
         from relaxspec_audit.verify.registry import resolve_params
 
         first = next(iter(combo), None)
         where = f"{self.source or 'config'}:{_line(entry, first[0]) if first else '?'}"
         try:
-            resolve_params(rule, params, where=where)
+            return resolve_params(rule, params, where=where)
         except (TypeError, ValueError) as exc:
             message = str(exc)
             for k, i, _ in combo:

@@ -112,6 +112,12 @@ class RunConfig:
         # JSON gives lists; keep the grid hashable.
         object.__setattr__(self, "theta_grid", tuple(float(t) for t in self.theta_grid))
         object.__setattr__(self, "params", self._resolve(self.params))
+        # One spelling per decoding, so one run id: temperature 0 (a YAML int) is 0.0, and
+        # top-p 1 keeps every token, the same decoding as no top-p.
+        if _is_number(self.temperature):
+            object.__setattr__(self, "temperature", float(self.temperature))
+        if _is_number(self.top_p):
+            object.__setattr__(self, "top_p", None if self.top_p == 1 else float(self.top_p))
 
     def _resolve(self, raw: Any) -> Any:
         """Resolve once: every later reader gets the typed params, defaults filled in."""
@@ -242,6 +248,10 @@ class RunConfig:
             / f"rule={self.rule}"
             / f"run={self.run_id()}"
         )
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _check_int(cfg: RunConfig, name: str, minimum: int) -> None:

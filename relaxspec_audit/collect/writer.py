@@ -253,7 +253,11 @@ class RunWriter:
                         f"{other.writer!r} (pid {info.get('pid')} on {info.get('host')}) "
                         "holds it"
                     )
-        for folder in (*(self.run_dir / t for t in TABLES), self.run_dir / COMMITS):
+        # Commit points first (records, then legacy runs' requests parts), parts after: a
+        # start-over interrupted half way leaves uncommitted parts, never a record whose
+        # parts are gone (which would mark requests finished that no longer exist).
+        order = (COMMITS, "requests", "rounds", "positions")
+        for folder in (self.run_dir / name for name in order):
             if folder.is_dir():
                 for path in folder.iterdir():
                     if _PART_RE.match(path.name) or _RECORD_RE.match(path.name):
@@ -269,6 +273,16 @@ class RunWriter:
         own = {self.writer}
         if self.writer == DEFAULT_WRITER:
             own.add(None)
+        for record in _records(self.run_dir):
+            # A record of ours whose parts are gone commits nothing: drop it, so its
+            # requests are decoded again rather than counted finished and then unreadable.
+            if _RECORD_RE.match(record.name).group("writer") == self.writer:
+                try:
+                    parts = (_read_json(record).get("parts") or {}).values()
+                except LogError:
+                    continue  # a damaged record is the reader's to report, not ours to drop
+                if any(p and not (self.run_dir / p["file"]).is_file() for p in parts):
+                    record.unlink()
         recorded = {
             _RECORD_RE.match(p.name).group("n")
             for p in _records(self.run_dir)

@@ -111,7 +111,10 @@ class Limits:
             ``MemoryError``.
         file_bytes: Largest file the program may write, captured stdout/stderr included.
         open_files: Open file descriptors.
-        nproc: Processes of the user (``RLIMIT_NPROC``, not enforced for root).
+        nproc: Processes of the user (``RLIMIT_NPROC``, not enforced for root). Linux
+            counts threads and every process of the real user against it, so it is only
+            applied without a PID namespace (there the namespace, killed with the run,
+            and the blocked process calls contain forks, and threads keep working).
     """
 
     cpu_s: int = 10
@@ -219,6 +222,8 @@ def _harness():
     for lim, val in ((resource.RLIMIT_CPU, cpu), (resource.RLIMIT_AS, mem),
                      (resource.RLIMIT_FSIZE, fsize), (resource.RLIMIT_NOFILE, nofile),
                      (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NPROC, nproc)):
+        if lim == resource.RLIMIT_NPROC and val == 0:
+            continue
         try:
             resource.setrlimit(lim, (val, val))
         except (ValueError, OSError):
@@ -440,6 +445,8 @@ def _run(
         out_path = os.path.join(root, "stdout")
         err_path = os.path.join(root, "stderr")
         env = {"PATH": "/usr/bin:/bin", "HOME": work, "LANG": "C.UTF-8", "TMPDIR": work}
+        # Numeric libraries start one thread per core at import: keep them to one.
+        env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
         nonce = secrets.token_hex(_NONCE_HEX_BYTES).encode()
         nonce_r, nonce_w = os.pipe()
         result_r, result_w = os.pipe()
@@ -455,7 +462,7 @@ def _run(
             str(limits.memory_bytes),
             str(limits.file_bytes),
             str(limits.open_files),
-            str(limits.nproc),
+            str(0 if iso.pid_namespace else limits.nproc),  # 0: not set
             str(nonce_r),
             str(result_w),
             entry_point or "",
