@@ -194,36 +194,58 @@ class BatchedEngine:
             # Inference mode only around the work, never across a `yield`: grad mode is
             # thread state, and a suspended (or abandoned) generator would leak it.
             with torch.inference_mode():
+                admitted = []
                 for slot in range(self.b):
                     if rows[slot] is None:
-                        rows[slot] = self._admit(slot, next(pending, None))
+                        rows[slot] = self._admit(next(pending, None))
+                        if rows[slot] is not None:
+                            admitted.append(slot)
                 if all(r is None for r in rows):
                     return
+                self._prefill(admitted, rows)
                 finished = self._round(rows, timing) if self.k else self._step(rows, timing)
                 done = [self._finish(rows[slot]) for slot in finished]
             for slot in finished:
                 rows[slot] = None
             yield from done
 
-    def _admit(self, slot: int, request: tuple[str, list[int]] | None) -> _Row | None:
-        """Start a request in ``slot``: prefill all of its prompt but the last token."""
+    def _prefill(self, slots: list[int], rows: list[_Row | None]) -> None:
+        """Prefill the prompts of the rows just admitted, all in one padded pass per model.
+
+        Each row's cache gets all of its prompt but the last token (the first round feeds
+        that one). Prefilling the refilled rows together, not one by one, matters once
+        prompts are long: the pass is compute-bound, and one ``[n, L]`` call costs little
+        more than one ``[1, L]`` call on a GPU and far less than n of them on a CPU.
+        """
+        slots = [s for s in slots if len(rows[s].prompt) > 1]
+        if not slots:
+            return
+        dev, scratch = self.pair.device, self.s_max
+        width = max(len(rows[s].prompt) - 1 for s in slots)
+        ids = torch.zeros(len(slots), width, dtype=torch.long)  # [n, L], pads: any id
+        pos = torch.full((len(slots), width), scratch, dtype=torch.long)  # [n, L]
+        for j, s in enumerate(slots):
+            head = rows[s].prompt[:-1]
+            ids[j, : len(head)] = torch.tensor(head)
+            pos[j, : len(head)] = torch.arange(len(head))
+        ids, pos = ids.to(dev), pos.to(dev)
+        which = torch.tensor(slots, device=dev)
+        for model in (self.target, self.draft):
+            if model is not None:
+                model(ids, pos, rows=which, keep=1)
+
+    def _admit(self, request: tuple[str, list[int]] | None) -> _Row | None:
+        """A row for the next request (its prompt is prefilled by :meth:`_prefill`)."""
         if request is None:
             return None
         request_id, prompt = request
         if not prompt:
             raise DecodeError(f"request {request_id}: empty prompt (no token ids)")
-        cfg, dev = self.config, self.pair.device
+        cfg = self.config
         key = rng.request_key(request_id)
         n_u = cfg.max_new_tokens + self.k + 1
         row = _Row(request_id, list(prompt), list(prompt), _host_uniforms(cfg, key, 0, n_u),
                    time.perf_counter())  # fmt: skip
-        if len(prompt) > 1:
-            ids = torch.tensor([prompt[:-1]], dtype=torch.long, device=dev)  # [1, L-1]
-            pos = torch.arange(len(prompt) - 1, device=dev)[None]  # [1, L-1]
-            which = torch.tensor([slot], device=dev)
-            for model in (self.target, self.draft):
-                if model is not None:
-                    model(ids, pos, rows=which, keep=1)
         row.d_lack = [prompt[-1]]
         if cfg.log_positions:
             v = self.pair.vocab_size
