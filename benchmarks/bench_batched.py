@@ -115,10 +115,10 @@ def main() -> None:
     )
     paths = (args.target, args.draft) if args.target and args.draft else None
     name, pair = load(args.pair, device, dtype, paths)
-    name = f"{args.target} / {args.draft}" if paths else name
     if batched.fast_path_reason(pair) is not None:
         sys.exit(f"the batched engine cannot serve this pair: {batched.fast_path_reason(pair)}")
-    prompts = prompts_for(name, pair, args.prompts, task=args.task)
+    prompts = prompts_for(name, pair, args.prompts, task=args.task)  # a task's, for paths too
+    name = f"{args.target} / {args.draft}" if paths else name
     reqs = [(f"bench-{i:04d}", ids) for i, ids in enumerate(prompts)]
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     modes = [m.strip() for m in args.modes.split(",")]
