@@ -81,7 +81,9 @@ def write_fixture_run(config: RunConfig, runs_dir: Path, n_requests: int = 6) ->
     return run_dir
 
 
-def fake_collect(config_json: str, runs_dir: str, threads: int) -> tuple[str, str | None]:
+def fake_collect(
+    config_json: str, runs_dir: str, threads: int, cost_table: dict | None = None
+) -> tuple[str, str | None]:
     """Stand-in for ``batch.runner._collect_one`` that writes a fixture run instead of decoding."""
     config = RunConfig.from_json(config_json)
     if getattr(config.params, "budget", None) == 99.0:  # a shard that fails, for the error path
@@ -141,6 +143,76 @@ def test_small_config_expands_grid_and_splits(tmp_path):
     assert {r.temperature for r in by_rule["nucleus"]} == {1.0}
     assert {r.split for r in task.runs} == {"discovery", "confirmation"}
     assert plan.notebooks == ("signoff",)
+
+
+def test_samples_per_item_from_defaults_spare_greedy_rules(tmp_path):
+    data = small_config(tmp_path)
+    data["defaults"]["samples_per_item"] = 4
+    path = write_yaml(tmp_path, data)
+    with pytest.warns(UserWarning) as record:
+        (task,) = batch.load_config(path).tasks
+    n = {(r.rule, r.split): r.samples_per_item for r in task.runs}
+    assert {v for (rule, _), v in n.items() if rule in ("exact", "nucleus")} == {4}
+    # T = 0 runs (target at temperature 0, greedy, asd) get one sample, with a warning
+    # naming the rule and where samples_per_item was set.
+    assert {v for (rule, _), v in n.items() if rule in ("target", "greedy", "asd")} == {1}
+    warned = [str(w.message) for w in record]
+    line = yaml.safe_dump(data, sort_keys=False).splitlines().index("  samples_per_item: 4") + 1
+    for rule in ("target", "greedy", "asd"):
+        (msg,) = [m for m in warned if f"rule {rule!r}" in m]
+        assert msg.startswith(f"{path}:{line}: defaults.samples_per_item:") and "greedy" in msg
+
+
+def test_coupling_and_noise_floor_runs(tmp_path):
+    data = small_config(tmp_path)
+    data["defaults"]["coupling"] = {"seed": 7, "limit": 4}
+    data["tasks"][0]["noise_floor"] = {"batch_size": 1}
+    (task,) = batch.load_config(data).tasks
+    assert len(task.runs) == 14  # the main runs are unchanged
+    # Every T > 0 relaxed setting (nucleus θ = 0.8, 0.95) at seed 7, discovery, 4 items.
+    assert sorted(r.params.theta for r in task.coupling_runs) == [0.8, 0.95]
+    for r in task.coupling_runs:
+        assert (r.rule, r.seed, r.split, r.limit, r.variant) == (
+            "nucleus",
+            7,
+            "discovery",
+            4,
+            "coupling",
+        )
+        main = next(m for m in task.runs if m.params == r.params and m.split == "discovery")
+        assert dataclasses.replace(r, seed=0, limit=6, variant=None) == main
+    # Every reference run (exact, greedy) at batch size 1 on discovery; limit capped by the
+    # run's own (6 < the default 20).
+    floor = {r.rule: r for r in task.floor_runs}
+    assert sorted(floor) == ["exact", "greedy"]
+    for r in floor.values():
+        assert (r.split, r.batch_size, r.limit, r.variant) == ("discovery", 1, 6, "floor-b1")
+    assert len({r.run_id() for r in task.all_runs()}) == 14 + 2 + 2
+    assert set(task.all_runs()) >= {*task.coupling_runs, *task.floor_runs}
+    assert len(batch.load_config(data).all_runs()) == 18
+    # A dtype floor; a task's own value replaces the defaults' and null turns it off.
+    data["defaults"]["noise_floor"] = {"dtype": "bfloat16", "limit": 3}
+    data["tasks"][0].pop("noise_floor")
+    data["tasks"][0]["coupling"] = None
+    (task,) = batch.load_config(data).tasks
+    assert task.coupling_runs == ()
+    assert {(r.dtype, r.limit, r.variant) for r in task.floor_runs} == {
+        ("bfloat16", 3, "floor-bfloat16")
+    }
+    # Seed by default: each run's seed + 1.
+    data["tasks"][0]["coupling"] = {}
+    (task,) = batch.load_config(data).tasks
+    assert {r.seed for r in task.coupling_runs} == {1}
+
+
+def test_timing_and_min_gain(tmp_path):
+    data = small_config(tmp_path)
+    (task,) = batch.load_config(data).tasks
+    assert task.timing is None and task.min_gain == 1.0  # off, and the default gain
+    data["defaults"].update(timing={"items": 8}, min_gain=1.2)
+    data["tasks"][0]["min_gain"] = 0
+    (task,) = batch.load_config(data).tasks
+    assert task.timing == {"items": 8, "repeats": 6} and task.min_gain == 0.0
 
 
 def test_bundled_demo_config_parses():
@@ -226,6 +298,62 @@ def test_bundled_demo_config_validates():
         ),
         (lambda c: c.update(tasks=[]), "tasks: must be a non-empty list"),
         (lambda c: c.update(batch="a b"), "batch: must be a name"),
+        (
+            lambda c: c["defaults"].update(samples_per_item=0),
+            "defaults.samples_per_item: must be an integer >= 1",
+        ),
+        (
+            lambda c: c["tasks"][0]["rules"][2].update(variant="x"),
+            "tasks[0].rules[2].variant: unknown key",
+        ),
+        (
+            lambda c: c["defaults"].update(coupling={"seed": -1}),
+            "defaults.coupling.seed: must be an integer >= 0",
+        ),
+        (
+            lambda c: c["tasks"][0].update(coupling={"limit": 0}),
+            "tasks[0].coupling.limit: must be an integer >= 1",
+        ),
+        (
+            lambda c: c["tasks"][0].update(coupling={"seed": 0}),
+            "tasks[0].coupling.seed: must differ from the seed of the runs",
+        ),
+        (
+            lambda c: c["tasks"][0].update(coupling={"seeds": 1}),
+            "tasks[0].coupling.seeds: unknown key",
+        ),
+        (lambda c: c["tasks"][0].update(coupling=3), "tasks[0].coupling: must be a mapping"),
+        (
+            lambda c: c["tasks"][0].update(coupling={}, splits=["confirmation"]),
+            "tasks[0].coupling: needs the discovery split",
+        ),
+        (
+            lambda c: c["defaults"].update(noise_floor={"batch_size": 1, "dtype": "float32"}),
+            "defaults.noise_floor: give exactly one of batch_size or dtype",
+        ),
+        (
+            lambda c: c["tasks"][0].update(noise_floor={"limit": 5}),
+            "tasks[0].noise_floor: give exactly one of batch_size or dtype",
+        ),
+        (
+            lambda c: c["tasks"][0].update(noise_floor={"dtype": "int8"}),
+            "tasks[0].noise_floor.dtype: must be one of float32, float16, bfloat16",
+        ),
+        (
+            lambda c: c["tasks"][0].update(noise_floor={"batch_size": 0}),
+            "tasks[0].noise_floor.batch_size: must be an integer >= 1",
+        ),
+        (
+            lambda c: c["defaults"].update(timing={"repeats": 1}),
+            "defaults.timing.repeats: must be an integer >= 2",
+        ),
+        (
+            lambda c: c["tasks"][0].update(timing={"items": "all"}),
+            "tasks[0].timing.items: must be an integer >= 1",
+        ),
+        (lambda c: c["defaults"].update(min_gain=-0.5), "defaults.min_gain: must be a number >= 0"),
+        (lambda c: c["tasks"][0].update(min_gain="2x"), "tasks[0].min_gain: must be a number"),
+        (lambda c: c["tasks"][0].update(min_gain=True), "tasks[0].min_gain: must be a number"),
     ],
 )
 def test_bad_config_names_the_field_and_line(tmp_path, mutate, expected):

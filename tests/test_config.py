@@ -50,6 +50,31 @@ def test_run_id_stable_and_sensitive():
     assert base.run_dir("runs").as_posix() == f"runs/task=arith/rule=exact/run={base.run_id()}"
 
 
+def test_existing_run_ids_are_pinned():
+    # Ids of runs collected before samples_per_item and variant existed: the new fields at
+    # their defaults must not enter the hash, or every existing run folder is orphaned.
+    nucleus = dict(rule="nucleus", params={"theta": 0.9}, split="discovery", limit=8, k=4,
+                   seed=3, device="cpu", dtype="float32")  # fmt: skip
+    greedy = dict(rule="greedy", temperature=0, target="Qwen/Qwen2.5-0.5B", draft="x/y")
+    assert RunConfig().run_id() == "5aa0a4db8a6d"
+    assert RunConfig(**nucleus).run_id() == "dc6a6c002800"
+    assert RunConfig(**greedy).run_id() == "e3046426cc3b"
+    assert RunConfig(**nucleus, samples_per_item=1, variant=None).run_id() == "dc6a6c002800"
+    # A manifest written before the fields existed reads back to the same id.
+    old = RunConfig(**nucleus).to_dict()
+    del old["samples_per_item"], old["variant"]
+    assert RunConfig.from_dict(old).run_id() == "dc6a6c002800"
+    # Set, they separate runs: n samples per item, and replica runs by their label.
+    ids = {
+        RunConfig(**nucleus).run_id(),
+        RunConfig(**nucleus, samples_per_item=4).run_id(),
+        RunConfig(**nucleus, variant="coupling").run_id(),
+        RunConfig(**nucleus, variant="floor-b1").run_id(),
+    }
+    assert len(ids) == 4
+    RunConfig(**nucleus, samples_per_item=4, variant="floor-bfloat16").validate()
+
+
 @pytest.mark.parametrize(
     "kwargs, field",
     [
@@ -67,6 +92,14 @@ def test_run_id_stable_and_sensitive():
         ({"seed": -1}, "seed"),
         ({"theta_grid": (0.5, 1.5)}, "theta_grid"),
         ({"rule": "target", "params": {"theta": 0.9}}, "params"),
+        ({"samples_per_item": 0}, "samples_per_item"),
+        ({"samples_per_item": 2.0}, "samples_per_item"),
+        ({"samples_per_item": 2, "temperature": 0.0}, "samples_per_item"),
+        ({"samples_per_item": 2, "rule": "greedy", "temperature": 0.0}, "samples_per_item"),
+        ({"variant": ""}, "variant"),
+        ({"variant": "Floor B1"}, "variant"),
+        ({"variant": "x" * 33}, "variant"),
+        ({"variant": 3}, "variant"),
     ],
 )
 def test_validate_names_the_field(kwargs, field):
@@ -109,6 +142,14 @@ def test_collect_cli_parses_and_rejects_bad_options():
     assert res.exit_code == 2 and "theta: must be in (0, 1], got 1.5" in res.output
     res = runner.invoke(main, ["collect", "--k", "0"])
     assert res.exit_code == 2 and "'k'" in res.output
+    res = runner.invoke(main, ["collect", "--temperature", "0", "--samples-per-item", "3"])
+    assert res.exit_code == 2 and "'samples_per_item'" in res.output and "greedy" in res.output
+    res = runner.invoke(main, ["collect", "--samples-per-item", "0"])
+    assert res.exit_code == 2 and "--samples-per-item" in res.output
+    res = runner.invoke(main, ["collect", "--variant", "Not A Slug"])
+    assert res.exit_code == 2 and "'variant'" in res.output
+    help_text = runner.invoke(main, ["collect", "--help"]).output
+    assert "--samples-per-item" in help_text and "--variant" not in help_text  # hidden
 
 
 def test_collect_help_does_not_import_torch():

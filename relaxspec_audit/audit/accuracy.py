@@ -1,7 +1,8 @@
 """Paired accuracy delta of a relaxed run vs its reference, with tests (THEORY §3).
 
 On per-item score differences (items paired by :mod:`relaxspec_audit.audit.pairing`):
-the paired t interval, McNemar's exact test (statsmodels), paired t and Wilcoxon tests,
+the paired t interval, McNemar's exact test (statsmodels) — or, with several samples per
+item, the clustered McNemar test of Durkalski et al. (2003) — paired t and Wilcoxon tests,
 one-sided non-inferiority at the non-inferiority margin δ (``ni_margin``) — Tango's
 score test and interval for paired binary outcomes (Tango 1998, Stat. Med.
 17:891–908), else the paired t (Chow, Shao & Wang 2008; Wellek 2010) — equivalence
@@ -108,6 +109,39 @@ def tango_ci(b: int, c: int, n: int, alpha: float = 0.05) -> tuple[float, float]
     return float(max(low, -1.0)), float(min(high, 1.0))
 
 
+def clustered_mcnemar(n10: Sequence[int] | np.ndarray, n01: Sequence[int] | np.ndarray) -> float:
+    """McNemar's test for clustered matched pairs (Durkalski et al. 2003).
+
+    Durkalski, Palesch, Lipsitz & Rust (2003), "Analysis of clustered matched-pair data",
+    Stat. Med. 22:2417–2428: their adjusted McNemar statistic for clusters of pairs.
+
+    With ``b_k`` = #(relaxed 1, reference 0) and ``c_k`` = #(relaxed 0, reference 1) among
+    the paired samples of item (cluster) ``k``::
+
+        X² = (Σ_k (b_k − c_k))² / Σ_k (b_k − c_k)²,   p = P(χ²₁ ≥ X²)
+
+    The denominator estimates the variance of ``Σ (b_k − c_k)`` under H0 (``p10 = p01``)
+    from the items, so samples of one item that fail together count as one piece of
+    evidence; the sample-level McNemar test treats them as independent and rejects too
+    often when they are correlated. With one pair per item it is McNemar's
+    ``(b − c)²/(b + c)``. No discordant item: p = 1.
+
+    Args:
+        n10: per item, the paired samples where only the relaxed run scores 1.
+        n01: per item, the paired samples where only the reference scores 1.
+    """
+    from scipy.stats import chi2
+
+    b, c = np.asarray(n10, dtype=float), np.asarray(n01, dtype=float)
+    if b.ndim != 1 or b.shape != c.shape:
+        raise ValueError(f"n10, n01: one count per item each, got shapes {b.shape}, {c.shape}")
+    d = b - c
+    den = float(np.sum(d * d))
+    if den == 0.0:
+        return 1.0
+    return float(chi2.sf(float(np.sum(d)) ** 2 / den, 1))
+
+
 @renamed_kwargs(margin="ni_margin")
 def accuracy_delta(
     requests: Frame,
@@ -120,9 +154,9 @@ def accuracy_delta(
 ) -> pl.DataFrame:
     """Paired accuracy delta (relaxed − reference) per group, with tests (THEORY §3).
 
-    Requests are paired by item (:func:`pair_requests`); scores are averaged per item
-    over its samples so that items are the independent units — the cluster-robust mean
-    with items as clusters and equal item weights. On the ``n`` item differences
+    Requests are paired by item, sample j with sample j (:func:`pair_requests`); scores
+    are averaged per item over its samples so that items are the independent units — the
+    cluster-robust mean with items as clusters and equal item weights. On the ``n`` item differences
     ``d_i``:
 
     * ``delta = d̄``, ``CI = d̄ ± t_{1−α/2, n−1} s/√n`` (paired t; equals scipy
@@ -130,8 +164,11 @@ def accuracy_delta(
       binary scores with one sample per item, where the CI is Tango's score interval
       (:func:`tango_ci`), which does not collapse to ``[0, 0]`` when no pair is
       discordant;
-    * ``p_mcnemar``: McNemar exact test on the paired binary outcomes (statsmodels
-      ``mcnemar(exact=True)``; binary scores only; pairs sample by sample);
+    * ``p_mcnemar``: binary scores only. One sample per item: McNemar's exact test on
+      the paired outcomes (statsmodels ``mcnemar(exact=True)``). Several samples per item
+      (``n_pairs > n_items``): the clustered McNemar test of Durkalski et al. (2003)
+      (:func:`clustered_mcnemar`), items as clusters — samples of one item are never
+      treated as independent pairs;
     * ``p_ttest`` (paired t, ``ttest_1samp(d, 0)``) and ``p_wilcoxon`` (signed rank);
     * ``p_noninf``: one-sided non-inferiority at ``ni_margin``, H0 ``delta ≤ −ni_margin``:
       Tango's score test (:func:`tango_noninferiority`) for binary scores with one
@@ -174,7 +211,10 @@ def accuracy_delta(
     groups = pairs.partition_by(by, as_dict=True, maintain_order=True) if by else {(): pairs}
     for key, part in groups.items():
         items = part.group_by("item_id", maintain_order=True).agg(
-            pl.col("score_rel").mean(), pl.col("score_ref").mean()
+            pl.col("score_rel").mean(),
+            pl.col("score_ref").mean(),
+            ((pl.col("score_rel") == 1) & (pl.col("score_ref") == 0)).sum().alias("_n10"),
+            ((pl.col("score_rel") == 0) & (pl.col("score_ref") == 1)).sum().alias("_n01"),
         )
         x_rel = items["score_rel"].to_numpy()  # [n_items]
         x_ref = items["score_ref"].to_numpy()
@@ -187,7 +227,9 @@ def accuracy_delta(
         a, b = part["score_rel"].to_numpy(), part["score_ref"].to_numpy()
         binary = _is_binary(a) and _is_binary(b)
         p_mc = float("nan")
-        if binary:
+        if binary and part.height > n:
+            p_mc = clustered_mcnemar(items["_n10"].to_numpy(), items["_n01"].to_numpy())
+        elif binary:
             table = [
                 [int(np.sum((b == 1) & (a == 1))), int(np.sum((b == 1) & (a == 0)))],
                 [int(np.sum((b == 0) & (a == 1))), int(np.sum((b == 0) & (a == 0)))],

@@ -14,6 +14,24 @@ from collections.abc import Sequence
 import polars as pl
 
 from relaxspec_audit.audit.frames import Frame, _lazy
+from relaxspec_audit.collect.config import SAMPLE_SEP
+
+
+def sample_index(request_id: pl.Expr, item_id: pl.Expr) -> pl.Expr:
+    """The sample index a request id carries: 0 for ``item``, ``j`` for ``item#j``, else null.
+
+    The inverse of :func:`relaxspec_audit.collect.config.sample_request_id` (the ids a run
+    with ``samples_per_item > 1`` logs).
+    """
+    prefix = item_id + pl.lit(SAMPLE_SEP)
+    suffix = request_id.str.strip_prefix(prefix)
+    return (
+        pl.when(request_id == item_id)
+        .then(pl.lit(0, dtype=pl.Int64))
+        .when(request_id.str.starts_with(prefix) & suffix.str.contains(r"^[0-9]+$"))
+        .then(suffix.cast(pl.Int64, strict=False))
+        .otherwise(pl.lit(None, dtype=pl.Int64))
+    )
 
 
 def pair_requests(
@@ -23,11 +41,16 @@ def pair_requests(
     *,
     by: Sequence[str] = ("task",),
 ) -> pl.DataFrame:
-    """Join two runs' requests on the same items, sample by sample.
+    """Join two runs' requests on the same items, sample j with sample j.
 
-    Rows are matched on ``(*by, item_id, sample)`` where ``sample`` is the rank of the
-    request among those of the same item (ordered by ``run_id``, then ``request_id``),
-    so an item with several samples (seeds) pairs its first with the other's first.
+    Within a group (``by``) and an item, a request has a run (the dense rank of its
+    ``run_id`` among the runs holding that item) and a sample: the index its request id
+    carries (``item`` → 0, ``item#j`` → j; runs with ``samples_per_item > 1``,
+    :func:`sample_index`) when every request id of the frame carries one, else its rank
+    by ``request_id`` within the run. Rows are matched on ``(*by, item_id, run, sample)``:
+    the k-th run of each side with the k-th, sample j with sample j, so two runs on one
+    seed pair the requests that share a random stream (THEORY §4). ``item_id`` is kept:
+    it is the cluster of every paired statistic (samples of one item are not independent).
 
     Args:
         requests: the relaxed run(s)' ``requests`` table.
@@ -36,33 +59,54 @@ def pair_requests(
         by: grouping columns present in both (items are unique within a group).
 
     Returns:
-        Columns ``*by, item_id, sample, <col>_rel, <col>_ref`` for each column.
+        Columns ``*by, item_id, sample, <col>_rel, <col>_ref`` for each column, where
+        ``sample`` ranks the relaxed side's paired request within its item by (run,
+        sample) — the sample index itself for one run.
 
     Raises:
         ValueError: a missing column, or no item in common.
     """
     by = list(by)
-    order = ["run_id", "request_id"]
+    group = [*by, "item_id"]
 
     def prep(frame: Frame, name: str, suffix: str) -> pl.DataFrame:
         lf = _lazy(frame, name, ["item_id", *by, *columns])
-        extra = [c for c in order if c in lf.collect_schema().names()]
-        # Rank within the item by a window, not a sort of the whole frame: the frame
-        # may carry long list columns (output_ids) that are costly to move.
-        rank = pl.int_range(pl.len()).over([*by, "item_id"], order_by=extra or None)
-        return lf.select(
-            *by,
-            "item_id",
-            rank.alias("sample"),
+        have = lf.collect_schema().names()
+        run = (
+            (pl.col("run_id").rank("dense").over(group) - 1).cast(pl.Int64)
+            if "run_id" in have
+            else pl.lit(0, dtype=pl.Int64)
+        )
+        parsed = (
+            sample_index(pl.col("request_id"), pl.col("item_id"))
+            if "request_id" in have
+            else pl.lit(None, dtype=pl.Int64)
+        )
+        df = lf.select(
+            *group,
+            run.alias("_run"),
+            parsed.alias("_sample"),
+            *([pl.col("request_id").alias("_rid")] if "request_id" in have else []),
             *[pl.col(c).alias(f"{c}{suffix}") for c in columns],
         ).collect()
+        if df.height == 0 or df["_sample"].null_count() > 0:
+            # Ids that carry no sample index (other naming, synthetic frames): rank by
+            # request id within the run, by a window rather than a sort of the whole frame
+            # (the frame may carry long list columns, output_ids, that are costly to move).
+            order = "_rid" if "_rid" in df.columns else None
+            rank = pl.int_range(pl.len()).over([*group, "_run"], order_by=order)
+            df = df.with_columns(rank.cast(pl.Int64).alias("_sample"))
+        return df.drop("_rid", strict=False)
 
     rel = prep(requests, "requests", "_rel")
     ref = prep(reference, "reference", "_ref")
-    out = rel.join(ref, on=[*by, "item_id", "sample"], how="inner")
+    key = [*group, "_run", "_sample"]
+    out = rel.join(ref, on=key, how="inner")
     if out.height == 0:
         raise ValueError(
             "requests vs reference: no (item_id, sample) in common — are they runs of the "
             f"same task items? grouping by {by}"
         )
-    return out
+    sample = pl.int_range(pl.len()).over(group, order_by=["_run", "_sample"]).cast(pl.Int64)
+    out = out.with_columns(sample.alias("sample")).drop("_run", "_sample")
+    return out.select(*group, "sample", *[c for c in out.columns if c not in (*group, "sample")])

@@ -18,6 +18,26 @@ Config schema (version 1), see ``relaxspec_audit/configs/demo.yaml`` for an exam
           - rule: nucleus
             theta: [0.8, 0.9]    # a list is a grid: one run per value
             temperature: 1.0     # any RunConfig field can be set per rule or per task
+            samples_per_item: 4  # completions per item (T > 0; greedy rules get 1, warned)
+        coupling: {seed: 1, limit: 20}   # extra runs: what the shared stream buys
+        noise_floor: {batch_size: 1, limit: 20}  # or {dtype: float32, limit: 20}
+        timing: {items: 16, repeats: 6}  # the paired wall-clock pass (off when absent)
+        min_gain: 1.0            # least modelled speed-up (lower bound) that PASS needs
+
+The last four are task keys that may also be set under ``defaults`` (a task's own value
+replaces the defaults' whole; ``null`` turns an inherited one off):
+
+- ``coupling`` (``seed``: default each run's seed + 1; ``limit``: default 20): every
+  relaxed setting at temperature > 0 is run again at that seed, on the discovery split,
+  on ``limit`` items (at most the run's own limit), with ``variant="coupling"``
+  (``TaskPlan.coupling_runs``), to be paired with the main reference on its own seed
+  (``audit.coupling.coupling_gain``). Replicas never get more items than their run.
+- ``noise_floor`` (exactly one of ``batch_size`` or ``dtype``; ``limit`` default 20):
+  every reference (lossless) run again on the discovery split at that batch size or
+  dtype, ``variant="floor-b<batch_size>"`` or ``"floor-<dtype>"`` (``TaskPlan.floor_runs``).
+- ``timing`` (``items`` ≥ 1, default 16; ``repeats`` ≥ 2, default 6): stored as
+  ``TaskPlan.timing``, None when absent.
+- ``min_gain`` (a number ≥ 0, default 1.0): ``TaskPlan.min_gain``.
 
 Errors name the field by its path in the config, e.g.
 ``demo.yaml:14: tasks[1].rules[2].theta: must be in (0, 1], got 1.5``. Deprecated
@@ -35,6 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import re
 import warnings
 from collections.abc import Mapping, Sequence
@@ -45,7 +66,14 @@ from typing import Any
 import yaml
 
 from relaxspec_audit.batch.notebooks import NOTEBOOKS, notebook_parameters
-from relaxspec_audit.collect.config import REPO_ROOT, TARGET_ONLY, ConfigError, RunConfig, task_slug
+from relaxspec_audit.collect.config import (
+    DTYPES,
+    REPO_ROOT,
+    TARGET_ONLY,
+    ConfigError,
+    RunConfig,
+    task_slug,
+)
 from relaxspec_audit.verify.registry import RULES
 
 #: Version of the batch config schema (the ``schema`` key; 1 when absent).
@@ -68,12 +96,20 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 _TOP_KEYS = ("schema", "batch", "defaults", "notebooks", "parameters", "tasks")
 _TASK_KEYS = ("task", "splits", "rules", "parameters")
-# RunConfig fields a config sets per task/rule; task, split, rule and params are structural.
+# RunConfig fields a config sets per task/rule; task, split, rule and params are structural,
+# and variant is set by the plan for its extra runs (coupling, noise floor).
 _RUN_FIELDS = tuple(
     f.name
     for f in dataclasses.fields(RunConfig)
-    if f.name not in ("task", "split", "rule", "params")
+    if f.name not in ("task", "split", "rule", "params", "variant")
 )
+#: Task keys that may also be given under ``defaults``: the plan's extra runs and checks.
+_PLAN_KEYS = ("coupling", "noise_floor", "timing", "min_gain")
+#: Defaults of the plan keys' own fields.
+COUPLING_LIMIT = 20
+FLOOR_LIMIT = 20
+TIMING_DEFAULTS = {"items": 16, "repeats": 6}
+DEFAULT_MIN_GAIN = 1.0
 _MODEL_FIELDS = ("target", "draft")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -247,13 +283,30 @@ class TaskPlan:
 
     Attributes:
         task: task name (or JSONL path) as written in the config.
-        runs: every run the task's reports read, validated.
+        runs: the main runs (rule grids × splits), validated; what the reports pair.
         parameters: notebook parameters (config-wide merged with the task's own).
+        coupling_runs: the ``coupling`` replicas: each T > 0 relaxed setting at another
+            seed, discovery split, ``variant="coupling"`` (empty when off).
+        floor_runs: the ``noise_floor`` replicas of the reference runs, discovery split,
+            ``variant="floor-…"`` (empty when off).
+        timing: ``{"items": int, "repeats": int}`` of the paired wall-clock pass, or None.
+        min_gain: the least modelled speed-up (its lower confidence bound) PASS needs.
     """
 
     task: str
     runs: tuple[RunConfig, ...]
     parameters: dict[str, Any] = field(default_factory=dict)
+    coupling_runs: tuple[RunConfig, ...] = ()
+    floor_runs: tuple[RunConfig, ...] = ()
+    timing: dict[str, int] | None = None
+    min_gain: float = DEFAULT_MIN_GAIN
+
+    def all_runs(self) -> list[RunConfig]:
+        """The main runs, then the coupling and noise-floor replicas, each once."""
+        seen: dict[str, RunConfig] = {}
+        for run in (*self.runs, *self.coupling_runs, *self.floor_runs):
+            seen.setdefault(run.to_json(), run)
+        return list(seen.values())
 
     @property
     def slug(self) -> str:
@@ -281,7 +334,7 @@ class BatchConfig:
         """Every distinct run of the batch (a run shared by two tasks is collected once)."""
         seen: dict[str, RunConfig] = {}
         for plan in self.tasks:
-            for run in plan.runs:
+            for run in plan.all_runs():
                 seen.setdefault(run.to_json(), run)
         return list(seen.values())
 
@@ -413,7 +466,7 @@ class _Validator:
                 "batch",
             )
         defaults = top.get("defaults", {}) or {}
-        self.mapping(defaults, "defaults", top, "defaults", _RUN_FIELDS)
+        self.mapping(defaults, "defaults", top, "defaults", (*_RUN_FIELDS, *_PLAN_KEYS))
         notebooks = self.notebooks(top)
         shared = self.parameters(top.get("parameters", {}) or {}, "parameters", top, "parameters")
         tasks = top.get("tasks")
@@ -479,7 +532,7 @@ class _Validator:
         known_tasks: set[str] | None,
         shared: dict[str, Any],
     ) -> TaskPlan:
-        entry = self.mapping(entry, path, parent, index, (*_TASK_KEYS, *_RUN_FIELDS))
+        entry = self.mapping(entry, path, parent, index, (*_TASK_KEYS, *_RUN_FIELDS, *_PLAN_KEYS))
         task = entry.get("task")
         if not isinstance(task, str) or not task:
             self.fail(
@@ -504,9 +557,10 @@ class _Validator:
         if not isinstance(rules_, list) or not rules_:
             self.fail(f"{path}.rules", "must be a non-empty list of rule entries", entry, "rules")
         # Where each run field was set, so an error points at the right line.
-        origin = {k: ("defaults", defaults) for k in defaults}
+        origin = {k: ("defaults", defaults) for k in defaults if k in _RUN_FIELDS}
         origin.update({k: (path, entry) for k in entry if k in _RUN_FIELDS})
-        base = {k: defaults[k] for k in defaults} | {k: entry[k] for k in entry if k in _RUN_FIELDS}
+        base = {k: defaults[k] for k in defaults if k in _RUN_FIELDS}
+        base |= {k: entry[k] for k in entry if k in _RUN_FIELDS}
         runs: dict[str, RunConfig] = {}
         for j, rule_entry in enumerate(rules_):
             for run in self.rule(
@@ -516,7 +570,146 @@ class _Validator:
         params = shared | self.parameters(
             entry.get("parameters", {}) or {}, f"{path}.parameters", entry, "parameters"
         )
-        return TaskPlan(task=task, runs=tuple(runs.values()), parameters=params)
+        main = tuple(runs.values())
+        plan = {k: self.plan_key(k, path, entry, defaults) for k in _PLAN_KEYS}
+        return TaskPlan(
+            task=task,
+            runs=main,
+            parameters=params,
+            coupling_runs=self.coupling_runs(main, splits, *plan["coupling"]),
+            floor_runs=self.floor_runs(main, *plan["noise_floor"]),
+            timing=self.timing(*plan["timing"]),
+            min_gain=self.min_gain(*plan["min_gain"]),
+        )
+
+    def plan_key(
+        self, key: str, path: str, entry: Mapping, defaults: Mapping
+    ) -> tuple[Any, str, Mapping]:
+        """A plan key's value and where it was written: the task's own, else the defaults'."""
+        if key in entry:
+            return entry[key], f"{path}.{key}", entry
+        return defaults.get(key), f"defaults.{key}", defaults
+
+    def sub_int(self, block: Mapping, name: str, path: str, default: int, minimum: int) -> int:
+        """An integer field of a plan-key mapping (``coupling.limit``, ``timing.items``)."""
+        value = block.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            self.fail(
+                f"{path}.{name}", f"must be an integer >= {minimum}, got {value!r}", block, name
+            )
+        return value
+
+    def coupling_runs(
+        self,
+        runs: tuple[RunConfig, ...],
+        splits: list,
+        value: Any,
+        path: str,
+        container: Mapping,
+    ) -> tuple[RunConfig, ...]:
+        """Each T > 0 relaxed setting again at another seed (the ``coupling`` key)."""
+        if value is None:
+            return ()
+        block = self.mapping(value, path, container, path.rsplit(".", 1)[-1], ("seed", "limit"))
+        limit = self.sub_int(block, "limit", path, COUPLING_LIMIT, 1)
+        seed = block.get("seed")
+        if seed is not None:
+            self.sub_int(block, "seed", path, 0, 0)
+        if "discovery" not in splits:
+            self.fail(
+                path,
+                "needs the discovery split (the coupled pair is the main reference run on "
+                f"discovery), but splits are {list(splits)}",
+                container,
+                path.rsplit(".", 1)[-1],
+            )
+        out: dict[str, RunConfig] = {}
+        for run in runs:
+            spec = RULES.get(run.rule)
+            if spec is None or spec.lossless or run.greedy:
+                continue  # target-only, references, and greedy decoding read no uniform
+            other = run.seed + 1 if seed is None else seed
+            if other == run.seed:
+                self.fail(
+                    f"{path}.seed",
+                    f"must differ from the seed of the runs it replicates ({run.seed})",
+                    block,
+                    "seed",
+                )
+            replica = dataclasses.replace(
+                run, split="discovery", limit=_at_most(limit, run.limit), seed=other,
+                variant="coupling",
+            )  # fmt: skip
+            out.setdefault(replica.to_json(), replica.validate())
+        return tuple(out.values())
+
+    def floor_runs(
+        self, runs: tuple[RunConfig, ...], value: Any, path: str, container: Mapping
+    ) -> tuple[RunConfig, ...]:
+        """Each reference run again at another batch size or dtype (``noise_floor``)."""
+        if value is None:
+            return ()
+        key = path.rsplit(".", 1)[-1]
+        block = self.mapping(value, path, container, key, ("batch_size", "dtype", "limit"))
+        if ("batch_size" in block) == ("dtype" in block):
+            self.fail(path, "give exactly one of batch_size or dtype", container, key)
+        limit = self.sub_int(block, "limit", path, FLOOR_LIMIT, 1)
+        if "batch_size" in block:
+            b = self.sub_int(block, "batch_size", path, 1, 1)
+            change: dict[str, Any] = {"batch_size": b, "variant": f"floor-b{b}"}
+        else:
+            dtype = block["dtype"]
+            choices = [d for d in DTYPES if d != "auto"]
+            if dtype not in choices:
+                self.fail(
+                    f"{path}.dtype",
+                    f"must be one of {', '.join(choices)}, got {dtype!r}",
+                    block,
+                    "dtype",
+                )
+            change = {"dtype": dtype, "variant": f"floor-{dtype}"}
+        out: dict[str, RunConfig] = {}
+        for run in runs:
+            spec = RULES.get(run.rule)
+            if spec is None or not spec.lossless:
+                continue
+            replica = dataclasses.replace(
+                run, split="discovery", limit=_at_most(limit, run.limit), **change
+            )
+            out.setdefault(replica.to_json(), replica.validate())
+        return tuple(out.values())
+
+    def timing(self, value: Any, path: str, container: Mapping) -> dict[str, int] | None:
+        """The paired wall-clock pass: ``{items, repeats}``, None when off."""
+        if value is None:
+            return None
+        block = self.mapping(
+            value, path, container, path.rsplit(".", 1)[-1], tuple(TIMING_DEFAULTS)
+        )
+        return {
+            "items": self.sub_int(block, "items", path, TIMING_DEFAULTS["items"], 1),
+            # One repeat cannot show run-to-run noise, which the interval must include.
+            "repeats": self.sub_int(block, "repeats", path, TIMING_DEFAULTS["repeats"], 2),
+        }
+
+    def min_gain(self, value: Any, path: str, container: Mapping) -> float:
+        """The least modelled speed-up PASS needs (a number >= 0)."""
+        if value is None:
+            return DEFAULT_MIN_GAIN
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            self.fail(
+                path,
+                f"must be a number >= 0 (a speed-up; 1.0 = as fast as the reference), "
+                f"got {value!r}",
+                container,
+                path.rsplit(".", 1)[-1],
+            )
+        return float(value)
 
     def rule(
         self,
@@ -557,6 +750,7 @@ class _Validator:
             # Greedy-only rules (THEORY §2.2, §2.4) run at temperature 0 unless told otherwise,
             # so one config can hold the sampling and the greedy families side by side.
             fields["temperature"] = 0.0
+        self.greedy_samples(rule, fields, where, path)
         grid = {k: entry[k] for k in param_names if k in entry}
         for k, v in grid.items():
             if isinstance(v, list) and not v:
@@ -586,6 +780,29 @@ class _Validator:
                     self.fail(f"{where_path}.{exc.field}", exc.message, container, exc.field)
                 runs.append(self.model_paths(config, where))
         return runs
+
+    def greedy_samples(
+        self, rule: Any, fields: dict[str, Any], where: dict[str, tuple[str, Any]], path: str
+    ) -> None:
+        """Greedy decoding gets one sample per item, with a warning (not an error).
+
+        At temperature 0 every sample of an item is the same output; refusing would let a
+        ``samples_per_item`` under ``defaults`` break every greedy rule of the config.
+        """
+        n, temperature = fields.get("samples_per_item"), fields.get("temperature", 1.0)
+        greedy = temperature == 0 and not isinstance(temperature, bool)
+        if not (greedy and isinstance(n, int) and not isinstance(n, bool) and n > 1):
+            return
+        set_at, container = where.get("samples_per_item", (path, None))
+        line = _line(container, "samples_per_item") if container is not None else None
+        warnings.warn(
+            f"{self.source or 'config'}:{line or '?'}: {set_at}.samples_per_item: rule "
+            f"{rule!r} at {path} decodes at temperature 0 (greedy), where the {n} samples "
+            "would be identical; it gets 1 sample per item",
+            UserWarning,
+            stacklevel=2,
+        )
+        fields["samples_per_item"] = 1
 
     def rule_params(self, rule: str, params: dict, combo: tuple, path: str, entry: Mapping) -> Any:
         """The rule's resolved params (None for target-only); errors name field and line."""
@@ -670,6 +887,11 @@ class _Validator:
                 except ValueError as exc:
                     message = str(exc).removeprefix(f"{name}: ")
                     self.fail(f"{path}.{key}", message, block, key)
+
+
+def _at_most(limit: int, run_limit: int | None) -> int:
+    """A replica's item limit: never more items than the run it is compared with has."""
+    return limit if run_limit is None else min(limit, run_limit)
 
 
 def _written(parameters: Mapping, name: str) -> str | None:

@@ -10,7 +10,9 @@ the same configuration resumes into the same run folder
 What ``run_id`` covers: the task and split, both models (repository paths made portable),
 the rule and its resolved parameters (defaults included, so ``{}`` and ``{"theta": 0.95}``
 are one run), K, the sampling settings (temperature, top-k, top-p), ``max_new_tokens``, the
-seed, the device and dtype, ``log_positions`` and the θ grid of the logged ``es``. It does
+seed, the device and dtype, ``log_positions``, the θ grid of the logged ``es``, and —
+only when they differ from their defaults, so that every run id from before they existed
+is unchanged — ``samples_per_item`` (when > 1) and ``variant`` (when set). It does
 not cover ``limit`` (a larger limit resumes the run and adds requests), nor ``batch_size``
 and what else changes timings (threads, chunking): floats differ across batch sizes only
 within a tolerance and decisions only from a near-tie on (THEORY §4).
@@ -50,6 +52,11 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 #: within a tolerance (decisions up to the first near-tie, THEORY §4), so a run resumed at
 #: another batch size stays one run.
 _NOT_IN_RUN_ID = ("limit", "batch_size")
+#: Fields hashed into ``run_id`` only when they differ from these defaults: added after run
+#: ids were in use, they must leave every existing id unchanged.
+_IN_RUN_ID_UNLESS_DEFAULT = {"samples_per_item": 1, "variant": None}
+#: A variant label: a short slug (it separates replica runs, e.g. ``floor-b1``, ``coupling``).
+VARIANT_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,31}")
 
 
 class ConfigError(ValueError):
@@ -87,6 +94,14 @@ class RunConfig:
         batch_size: requests decoded per target pass by the batched engine (None: the
             device's automatic choice, ``collect.batched.AUTO_BATCH``). Not in ``run_id``.
         theta_grid: θ values at which ``E_S`` is logged per position.
+        samples_per_item: completions per item, each with its own keys of the coupled
+            stream: sample 0 has request id = item id (so a one-sample run is what it
+            always was), sample ``j ≥ 1`` has request id ``f"{item_id}#{j}"``. Sample j of
+            two rules on one seed share their stream (THEORY §4). Needs temperature > 0:
+            greedy samples are identical. In ``run_id`` when > 1.
+        variant: a label that separates replica runs of one setting from the main one
+            (``"coupling"``, ``"floor-b1"``, ``"floor-float32"``); a short slug. In
+            ``run_id`` when set.
     """
 
     task: str = "arith"
@@ -107,6 +122,8 @@ class RunConfig:
     log_positions: bool = True
     theta_grid: tuple[float, ...] = DEFAULT_THETA_GRID
     batch_size: int | None = None
+    samples_per_item: int = 1
+    variant: str | None = None
 
     def __post_init__(self) -> None:
         # JSON gives lists; keep the grid hashable.
@@ -182,6 +199,21 @@ class RunConfig:
             raise ConfigError("log_positions", f"must be a bool, got {self.log_positions!r}")
         if not self.theta_grid or not all(0 < t <= 1 for t in self.theta_grid):
             raise ConfigError("theta_grid", f"must be non-empty, in (0, 1], got {self.theta_grid}")
+        _check_int(self, "samples_per_item", minimum=1)
+        if self.samples_per_item > 1 and self.greedy:
+            raise ConfigError(
+                "samples_per_item",
+                f"{self.samples_per_item} samples at temperature 0 (greedy) are identical "
+                "and buy nothing; use 1, or a temperature > 0",
+            )
+        if self.variant is not None and not (
+            isinstance(self.variant, str) and VARIANT_PATTERN.fullmatch(self.variant)
+        ):
+            raise ConfigError(
+                "variant",
+                "must be a short slug (lower-case letters, digits, '.', '_', '-'; at most "
+                f"32 characters), got {self.variant!r}",
+            )
         self._validate_rule()
         return self
 
@@ -230,11 +262,15 @@ class RunConfig:
 
         Model paths inside the repository are hashed relative to it, so the embedded pair
         gives the same id on every checkout. ``limit`` is left out: a larger limit resumes
-        the same run folder.
+        the same run folder. ``samples_per_item`` and ``variant`` enter only when they
+        differ from their defaults, so ids from before they existed still hold.
         """
         data = self.to_dict()
         for name in _NOT_IN_RUN_ID:
             data.pop(name)
+        for name, default in _IN_RUN_ID_UNLESS_DEFAULT.items():
+            if data[name] == default:
+                data.pop(name)
         for name in ("target", "draft"):
             data[name] = _portable_path(data[name])
         blob = json.dumps(data, sort_keys=True).encode()
@@ -265,6 +301,22 @@ def _portable_path(value: str) -> str:
         return Path(value).resolve().relative_to(REPO_ROOT).as_posix()
     except ValueError:
         return value
+
+
+#: Separates an item id from its sample index in a request id (``"item#2"``).
+SAMPLE_SEP = "#"
+
+
+def sample_request_id(item_id: str, sample: int) -> str:
+    """The request id of an item's sample: the item id for sample 0, else ``item_id#sample``.
+
+    The request id keys the coupled random stream (``rng.request_key``, THEORY §4), so each
+    sample has its own stream, sample j of two runs on one seed share theirs, and a
+    one-sample run keeps the request ids (and draws) it always had.
+    """
+    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 0:
+        raise ValueError(f"sample: must be an integer >= 0, got {sample!r}")
+    return item_id if sample == 0 else f"{item_id}{SAMPLE_SEP}{sample}"
 
 
 def task_slug(task: str) -> str:

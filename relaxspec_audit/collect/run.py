@@ -3,19 +3,20 @@
 The driver of the collect stage (DESIGN "Logs"): it validates the :class:`RunConfig`, loads
 the task and the model pair, writes the manifest (config, run id, θ grid, models, task,
 EOS ids) and hands each decoded, scored request to ``logs.RunWriter``. The request id is
-the task item's id, so runs of different rules on one seed share each request's random
-stream (THEORY §4), and finished requests of an interrupted run are skipped on resume.
+the task item's id (``f"{item_id}#{j}"`` for sample ``j ≥ 1`` when ``samples_per_item >
+1``), so runs of different rules on one seed share each request's random stream (THEORY
+§4), and finished requests (samples) of an interrupted run are skipped on resume.
 
 torch and transformers are imported inside functions (the CLI's ``--help`` must not pay).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from relaxspec_audit.collect.config import TARGET_ONLY, RunConfig
+from relaxspec_audit.collect.config import TARGET_ONLY, RunConfig, sample_request_id
 from relaxspec_audit.collect.engine import decode_request
 from relaxspec_audit.collect.inputs import bind_inputs
 from relaxspec_audit.collect.logs import RequestRows
@@ -31,12 +32,16 @@ def collect(
     pair: Pair | None = None,
     chunk_size: int = 16,
     allow_untokenized_draft: bool = False,
+    cost_table: Mapping[str, Any] | None = None,
 ) -> Path:
     """Decode every item of the config's task and write the run folder under ``out``.
 
     Finished requests of an existing run folder are skipped (``resume``); the task scorer
     grades each completion. The request id is the task item's id, so runs of different
-    rules on one seed share each request's random stream (THEORY §4).
+    rules on one seed share each request's random stream (THEORY §4); with
+    ``config.samples_per_item = n > 1`` each item is decoded n times, sample ``j`` under
+    request id :func:`~relaxspec_audit.collect.config.sample_request_id` (``item`` for
+    j = 0, ``item#j`` after), each with its own stream; ``item_id`` stays the item's id.
 
     Args:
         config: the run configuration (validated here).
@@ -50,6 +55,8 @@ def collect(
         chunk_size: finished requests per committed Parquet part.
         allow_untokenized_draft: load a draft folder that has no tokenizer files (its
             vocabulary then cannot be checked against the target's).
+        cost_table: a cost table (draft step, verify pass, target step; built by the
+            calibration helper) stored as the manifest's ``cost_table``.
 
     Returns:
         The run folder.
@@ -71,6 +78,7 @@ def collect(
     encoded = {item.id: encode_prompt(pair, item.prompt) for item in task.items}
     k = 0 if config.rule == TARGET_ONLY else config.k
     check_prompts_fit(pair, list(encoded.items()), config.max_new_tokens, k)
+    samples = _sample_requests(task.items, config.samples_per_item)
     run_dir = config.run_dir(out)
     manifest = {
         "config": config.to_dict(),
@@ -81,12 +89,14 @@ def collect(
         "eos_ids": sorted(pair.eos_ids),
         "inputs": inputs,
     }
-    totals = {"done": 0, "total": len(task.items), "tokens": 0, "passes": 0}
+    if cost_table is not None:
+        manifest["cost_table"] = dict(cost_table)
+    totals = {"done": 0, "total": len(samples), "tokens": 0, "passes": 0}
     totals.update(accepted=0, drafted=0, wall_s=0.0, skipped=0)
     with RunWriter(run_dir, manifest, resume=resume, chunk_size=chunk_size) as writer:
-        todo = {item.id: item for item in task.items if item.id not in writer.finished}
-        totals["skipped"] = totals["done"] = len(task.items) - len(todo)
-        requests = [(item_id, encoded[item_id]) for item_id in todo]
+        todo = {rid: item for rid, item in samples.items() if rid not in writer.finished}
+        totals["skipped"] = totals["done"] = len(samples) - len(todo)
+        requests = [(rid, encoded[item.id]) for rid, item in todo.items()]
         stops = StopStrings(pair.tokenizer, task.stop) if task.stop else None
         decoded, engine = _decoder(pair, config, requests, stops)
         # Which engine ran, and the KV cache it preallocated, before any decoding.
@@ -113,6 +123,27 @@ def collect(
             if progress is not None:
                 progress(dict(totals))
     return run_dir
+
+
+def _sample_requests(items: Any, n: int) -> dict[str, Any]:
+    """Request id → task item, ``n`` samples per item in item order.
+
+    Raises:
+        ValueError: two requests would share an id (an item id that looks like another
+            item's sample, ``a#1`` beside ``a``), which would share one random stream.
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        for j in range(n):
+            rid = sample_request_id(item.id, j)
+            if rid in out:
+                raise ValueError(
+                    f"samples_per_item: request id {rid!r} of item {item.id!r} is also "
+                    f"{'the id' if out[rid].id == rid else 'a sample id'} of item "
+                    f"{out[rid].id!r}; rename the item or use one sample per item"
+                )
+            out[rid] = item
+    return out
 
 
 def _decoder(
