@@ -30,7 +30,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 # Float tolerances of the contract: probabilities and entropies; logit-based columns.
 TOL_P = 1e-5
 TOL_LOGIT = 1e-4
-LOGIT_COLS = ("regret",)
+LOGIT_COLS = ("regret", "logp_target")
 DISCRETE_POS = ("kind", "token", "target_argmax", "rank", "passed_ratio", "in_nucleus",
                 "accepted", "cause", "round", "pos", "abs_pos")  # fmt: skip
 DISCRETE_ROUNDS = ("round", "start_pos", "k", "accepted", "emitted")

@@ -59,7 +59,11 @@ def _first_diff(a: pl.Series, b: pl.Series) -> np.ndarray:
 
 
 def first_divergence(
-    requests: Frame, reference: Frame, *, by: Sequence[str] = ("task",)
+    requests: Frame,
+    reference: Frame,
+    *,
+    by: Sequence[str] = ("task",),
+    keep: Sequence[str] = (),
 ) -> pl.DataFrame:
     """Per paired request: did the output differ, and where first.
 
@@ -67,11 +71,19 @@ def first_divergence(
     0-based index of the first differing token of ``output_ids`` (the shorter length if
     one output is a prefix of the other), null when identical.
 
+    Args:
+        requests: the relaxed run's ``requests``.
+        reference: the reference run's ``requests``.
+        by: grouping columns present in both.
+        keep: more ``requests`` columns to carry from both sides, suffixed ``_rel`` and
+            ``_ref`` (e.g. ``request_id``, to find a request's ``positions`` rows).
+
     Returns:
-        Columns ``*by, item_id, sample, diverged, first_pos, n_tokens``.
+        Columns ``*by, item_id, sample, diverged, first_pos, n_tokens`` and the kept ones.
     """
     by = list(by)
-    pairs = pair_requests(requests, reference, ["output_sha256", "output_ids"], by=by)
+    extra = [c for c in keep if c not in ("output_sha256", "output_ids")]
+    pairs = pair_requests(requests, reference, ["output_sha256", "output_ids", *extra], by=by)
     first = _first_diff(pairs["output_ids_rel"], pairs["output_ids_ref"])
     first = pl.Series("first_pos", first).replace(-1, None)
     return pairs.select(
@@ -81,6 +93,7 @@ def first_divergence(
         (pl.col("output_sha256_rel") != pl.col("output_sha256_ref")).alias("diverged"),
         first.cast(pl.Int64),
         pl.col("output_ids_ref").list.len().alias("n_tokens"),
+        *[f"{c}{side}" for c in keep for side in ("_rel", "_ref")],
     )
 
 

@@ -19,6 +19,7 @@ import polars as pl
 
 from relaxspec_audit.collect.config import task_slug
 from relaxspec_audit.collect.schema import (
+    ADDED_COLUMNS,
     HIVE_KEYS,
     MANIFEST,
     SCHEMA,
@@ -184,7 +185,7 @@ def scan(paths: str | Path | Iterable[str | Path], table: str, verify: bool = Tr
             "rule": config.get("rule", _hive_value(run_dir, "rule")),
             "run": manifest.get("run_id", _hive_value(run_dir, "run")),
         }
-        lf = pl.scan_parquet([str(p) for p in sorted(parts)], schema=SCHEMA[table])
+        lf = _scan_parts(sorted(parts), table)
         frames.append(
             lf.with_columns(pl.lit(v, dtype=pl.String()).alias(k) for k, v in keys.items())
         )
@@ -192,6 +193,32 @@ def scan(paths: str | Path | Iterable[str | Path], table: str, verify: bool = Tr
         empty = empty_frame(table).lazy()
         return empty.with_columns(pl.lit(None, dtype=pl.String()).alias(k) for k in HIVE_KEYS)
     return pl.concat(frames, how="vertical")
+
+
+def _scan_parts(parts: Iterable[str | Path], table: str, **kw: Any) -> pl.LazyFrame:
+    """Parts of one table, read under its schema.
+
+    A column of ``ADDED_COLUMNS`` reads as null in parts written before it existed
+    (:func:`verify_run` checks that every other column is there).
+    """
+    missing = "insert" if ADDED_COLUMNS.get(table) else "raise"
+    return pl.scan_parquet(
+        [str(p) for p in parts], schema=SCHEMA[table], missing_columns=missing, **kw
+    )
+
+
+def _check_columns(path: Path, table: str) -> None:
+    """A part holds every column of its table, except those added since (``ADDED_COLUMNS``)."""
+    try:
+        have = set(pl.read_parquet_schema(path))
+    except Exception as exc:  # polars raises several types for a bad footer
+        raise LogError(f"{path}: unreadable Parquet footer: {exc}") from exc
+    optional = set(ADDED_COLUMNS.get(table, ()))
+    missing = [c for c in SCHEMA[table] if c not in have and c not in optional]
+    if missing:
+        raise LogError(
+            f"{path}: {table} part lacks column(s) {missing} of schema v{SCHEMA_VERSION}"
+        )
 
 
 #: Closed value sets of the string columns (the cause enum: verify.block.Cause, lower case).
@@ -253,6 +280,7 @@ def verify_run(
                 _check_bytes(part, records[part])
             else:
                 _check_parquet(part)
+            _check_columns(part, t)
         if todo:
             _check_values(t, todo)
         if t == "requests" and parts:
@@ -310,6 +338,9 @@ def _bad_value_exprs(table: str) -> dict[str, pl.Expr]:
         for name, nullable in (("entropy_p", False), ("entropy_q", True)):
             c = pl.col(name)
             out[name] = (~c.is_finite() | (c < lo)).fill_null(not nullable)
+        # a log-probability: <= 0 (null in logs written before the column existed)
+        logp = pl.col("logp_target")
+        out["logp_target"] = (logp.is_nan() | (logp > TOLERANCE)).fill_null(False)
         out["kind"] = ~pl.col("kind").is_in(KINDS).fill_null(False)
         out["cause"] = ~pl.col("cause").is_in(causes).fill_null(False)
         return out
@@ -322,13 +353,13 @@ def _check_values(table: str, parts: list[Path]) -> None:
     exprs = _bad_value_exprs(table)
     if not exprs:
         return
-    lf = pl.scan_parquet([str(p) for p in parts], schema=SCHEMA[table], include_file_paths="_file")
+    lf = _scan_parts(parts, table, include_file_paths="_file")
     try:
         counts = lf.select(e.sum().alias(k) for k, e in exprs.items()).collect().row(0, named=True)
     except Exception as exc:  # a part polars cannot decode: find and name it
         for part in parts:
             try:
-                pl.scan_parquet(part, schema=SCHEMA[table]).select(list(exprs)).collect()
+                _scan_parts([part], table).select(list(exprs)).collect()
             except Exception as exc2:
                 raise LogError(f"{part}: unreadable {table} part: {exc2}") from exc2
         raise LogError(f"{table}: unreadable parts {parts[:3]}…: {exc}") from exc
@@ -348,6 +379,7 @@ _EXPECTED = {
     "mass_above": f"a probability mass in [0, 1 + {SUM_TOLERANCE:g}] (a sum over the vocabulary)",
     "entropy_p": f"a finite entropy >= -{TOLERANCE:g}",
     "entropy_q": f"a finite entropy >= -{TOLERANCE:g} or null",
+    "logp_target": f"a log-probability <= {TOLERANCE:g}, or null",
     "kind": f"one of {KINDS}",
     "cause": "a verify.block.Cause name in lower case",
     "stop": f"one of {STOPS}",

@@ -40,7 +40,13 @@ _STAT_KEYS = TOKEN_STAT_KEYS
 _INT_COLS = ("rank", "target_argmax")
 # The host layout of token_stats in _RoundLog: float keys, then the integer/bool keys.
 _INT_STATS = ("rank", "target_argmax", "in_nucleus")
-_HOST_STATS = tuple(c for c in _STAT_KEYS if c not in _INT_STATS) + _INT_STATS
+# logp_target: log of the untransformed target distribution (softmax of the raw logits at
+# T = 1, no top-k/top-p) at the row's token, the open-ended fidelity measure's input
+# (audit/likelihood.py); every row kind, both logs. It is not a rule statistic, so it is
+# computed beside token_stats rather than inside it.
+_LOGP_KEY = "logp_target"
+_HOST_FLOATS = (*(c for c in _STAT_KEYS if c not in _INT_STATS), _LOGP_KEY)
+_HOST_STATS = _HOST_FLOATS + _INT_STATS
 _BOOL_COLS = ("passed_ratio", "in_nucleus", "accepted")
 # _RoundLog keeps p, q and the target logits of pending rounds alive (about (3K + 2)·V
 # floats per round) and flushes when that would pass this many floats (64 MB in float32)
@@ -189,7 +195,8 @@ def _host_token_stats(
         for i in range(0, n, step)
     ]  # fmt: skip
     st = {c: torch.cat([part[c] for part in parts]) for c in _STAT_KEYS}  # each [N]
-    floats = torch.stack([st[c] for c in _HOST_STATS[: -len(_INT_STATS)]])
+    st[_LOGP_KEY] = torch.cat([_logp(z[i : i + step], x[i : i + step]) for i in range(0, n, step)])
+    floats = torch.stack([st[c] for c in _HOST_FLOATS])
     ints = torch.stack([st[c] for c in _INT_STATS])  # int64 (bool promoted)
     # float64 holds every token id and rank exactly
     pieces = [floats.double().reshape(-1), ints.reshape(-1)]
@@ -198,6 +205,18 @@ def _host_token_stats(
     host = torch.cat(pieces).cpu().numpy()
     n_s = len(_HOST_STATS)
     return host[: n_s * n].reshape(n_s, n), host[n_s * n :]
+
+
+def _logp(z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``log softmax(z)[x]`` per row, at temperature 1 (``z`` raw logits ``[N, V]``, ``x`` ``[N]``).
+
+    One gather and one logsumexp on the device, never a full ``[N, V]`` log-softmax; the
+    value travels to the host in the statistics' one copy.
+    """
+    import torch
+
+    z = z.float()
+    return z.gather(-1, x.view(-1, 1).long()).squeeze(-1) - torch.logsumexp(z, dim=-1)
 
 
 def _pad_rows(t: torch.Tensor, n: int) -> torch.Tensor:

@@ -50,6 +50,8 @@ SCHEMA: dict[str, dict[str, pl.DataType]] = {
         "accepted": pl.Boolean(),
         "cause": pl.String(),  # rules.Cause name, lower case
         "es": pl.List(pl.Float32()),  # E_S at each θ of manifest["theta_grid"]
+        # log softmax(raw target logits)[token] at T = 1, no top-k/top-p (every row kind)
+        "logp_target": pl.Float32(),
     },
     "rounds": {
         "run_id": pl.String(),
@@ -81,6 +83,9 @@ SCHEMA: dict[str, dict[str, pl.DataType]] = {
     },
 }
 TABLES = tuple(SCHEMA)
+#: Columns added to schema v1 after logs were written without them: a part may lack them
+#: (the reader gives null there); every other column is required.
+ADDED_COLUMNS: dict[str, tuple[str, ...]] = {"positions": ("logp_target",)}
 #: Hive keys that :func:`scan` adds to every table.
 HIVE_KEYS = ("task", "rule", "run")
 MANIFEST = "manifest.json"
@@ -136,7 +141,8 @@ def to_frame(table: str, columns: Mapping[str, Any], run_id: str, request_id: st
     """Build one table's frame from columns, filling the key columns and checking names.
 
     Raises:
-        LogError: a column outside the schema or a missing one (named).
+        LogError: a column outside the schema or a missing one (named); a column of
+            ``ADDED_COLUMNS`` may be absent and is then null.
     """
     schema = SCHEMA[_check_table(table)]
     extra = sorted(set(columns) - set(schema))
@@ -157,6 +163,8 @@ def to_frame(table: str, columns: Mapping[str, Any], run_id: str, request_id: st
             values: Any = [run_id] * n
         elif name == "request_id":
             values = [request_id] * n
+        elif name not in columns and name in ADDED_COLUMNS.get(table, ()):
+            values = [None] * n  # a producer written before the column: null, as the reader
         elif name not in columns:
             raise LogError(f"{table}: missing column {name!r} for request {request_id}")
         else:
