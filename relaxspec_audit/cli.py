@@ -20,6 +20,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "batch": ("batch", "batch", "Collect what is missing and render per-task audit reports."),
     "demo": ("batch", "demo", "Run the bundled demo batch on the embedded model pair."),
     "fetch-real": ("real", "fetch_real", "Fetch, verify and cache the real Qwen2.5-Coder pair."),
+    "time": ("time", "time", "Paired wall-clock timing pass of runs against a reference."),
 }
 
 

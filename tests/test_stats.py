@@ -378,7 +378,8 @@ def test_speed_hand_values():
     assert r["alpha"] == pytest.approx(7 / 9)
     assert r["verify_share"] == pytest.approx(0.6 / 0.72)
     assert r["c"] == pytest.approx((0.12 / 12) / 0.2)
-    assert r["modelled_speedup"] == pytest.approx(S.modelled_speedup(7 / 9, 4, 0.05))
+    # The modelled speed-up needs a cost table (STATISTICS §7): never from own timings.
+    assert r["modelled_speedup"] is None
     assert r["passes_per_token"] == pytest.approx(0.3) and r["tokens_per_s"] == 5.0
 
 

@@ -1,0 +1,489 @@
+"""The cost table: seconds of one draft step, one verify pass and one target step.
+
+The modelled speed-up (docs/STATISTICS.md §7, :mod:`relaxspec_audit.audit.speedup`)
+multiplies integer counts from the logs (draft steps, verify passes, target steps per
+request) by ONE table of per-step costs, so that two runs with identical logs get exactly
+the same modelled time and machine load during a collection cannot move a comparison.
+The table is measured once per (pair, device, dtype, K, batch size) by :func:`calibrate`,
+stored under ``<runs>/costs/<id>.json`` and referenced by the run manifests
+(``manifest["cost_table"]``).
+
+What a table holds, per call at batch size ``B`` (the shapes the batched engine runs,
+``collect/batched.py``):
+
+- ``draft_step_s``: one ``[B, 1]`` draft forward (a round runs K of them; the first feeds
+  one or two tokens, timed here as one);
+- ``verify_s``: one ``[B, K + 1]`` target pass;
+- ``target_step_s``: one ``[B, 1]`` target forward (target-only decoding, one per token).
+
+Each is the median over ``reps`` repetitions after ``warmup`` untimed ones, the three kinds
+interleaved rep by rep (the order rotated each rep) so that a load spike hits all three
+alike. Not in the table: prefill, the rule's tensor code, host copies and logging (the same
+per round whatever the costs; the wall clock of :mod:`relaxspec_audit.collect.timing`
+includes them). The static-cache forward attends over its whole cache, so its cost depends
+on the cache length: ``max_seq_len`` is recorded with the measurement.
+
+Only the standard library at import time; torch inside :func:`calibrate`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+#: Version of the stored JSON (``costs/<id>.json``, ``manifest["cost_table"]``).
+COST_TABLE_SCHEMA = 1
+
+#: The per-step costs a table holds, in seconds (None: the pair has no such model).
+COST_FIELDS = ("draft_step_s", "verify_s", "target_step_s")
+
+#: The fields that say what was measured; two tables with the same key are interchangeable.
+KEY_FIELDS = ("target", "draft", "device", "device_name", "dtype", "k", "batch_size")
+
+#: Config entries that name where a model was loaded from, not what it is.
+_VOLATILE_CONFIG = ("_name_or_path", "_commit_hash", "transformers_version", "torch_dtype",
+                    "dtype")  # fmt: skip
+
+
+class CostTableError(ValueError):
+    """A cost table that cannot be read or used (its message names the field or file)."""
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """Per-step seconds of one (pair, device, dtype, K, batch size), and how they were measured.
+
+    Attributes:
+        target: the target model's identity (``model_type``, ``n_params``,
+            ``config_sha256`` of its config without load paths; ``path`` for the reader).
+        draft: the draft model's identity, or None when the pair has no draft.
+        device: the torch device (``cpu``, ``cuda:0``).
+        device_name: the CPU model or GPU name (a table from another machine is another key).
+        dtype: the models' dtype (``float32``, ``bfloat16``).
+        k: drafts per round K (the verify pass is ``K + 1`` tokens).
+        batch_size: rows per call B.
+        draft_step_s: seconds of one ``[B, 1]`` draft call (None without a draft).
+        verify_s: seconds of one ``[B, K + 1]`` target call (None when K = 0).
+        target_step_s: seconds of one ``[B, 1]`` target call.
+        measured: how: ``reps``, ``warmup``, ``iqr_s`` per kind, ``torch_threads``,
+            ``cpu_count``, ``load_avg_before`` / ``load_avg_after``, ``engine``
+            (``static`` / ``generic``), ``max_seq_len``, ``calibrated_at``, ``elapsed_s``.
+    """
+
+    target: Mapping[str, Any]
+    draft: Mapping[str, Any] | None
+    device: str
+    device_name: str
+    dtype: str
+    k: int
+    batch_size: int
+    draft_step_s: float | None
+    verify_s: float | None
+    target_step_s: float
+    measured: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        for name in ("k", "batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise CostTableError(f"cost table: field {name!r} must be an int >= 0, "
+                                     f"got {value!r}")  # fmt: skip
+        for name in COST_FIELDS:
+            value = getattr(self, name)
+            if value is None and name != "target_step_s":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise CostTableError(
+                    f"cost table: field {name!r} must be a positive number of seconds, "
+                    f"got {value!r}"
+                )
+            if value == float("inf"):
+                raise CostTableError(f"cost table: field {name!r} is infinite")
+            object.__setattr__(self, name, float(value))
+
+    def key(self) -> dict[str, Any]:
+        """What was measured: identical keys mean interchangeable tables."""
+        out = {name: getattr(self, name) for name in KEY_FIELDS}
+        for role in ("target", "draft"):
+            if out[role] is not None:  # identity only: the path is where, not what
+                out[role] = {k: v for k, v in out[role].items() if k != "path"}
+        return out
+
+    @property
+    def id(self) -> str:
+        """Short sha256 (12 hex) of the key and the three values."""
+        blob = {"key": self.key(), **{name: getattr(self, name) for name in COST_FIELDS}}
+        return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:12]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict (the stored file and ``manifest["cost_table"]``)."""
+        out: dict[str, Any] = {"schema": COST_TABLE_SCHEMA, "id": self.id}
+        for name in (*KEY_FIELDS, *COST_FIELDS):
+            value = getattr(self, name)
+            out[name] = dict(value) if isinstance(value, Mapping) else value
+        out["measured"] = dict(self.measured)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CostTable:
+        """Inverse of :meth:`to_dict`; a stored ``id`` must match the recomputed one.
+
+        Raises:
+            CostTableError: a missing field, a bad value or an id that does not match.
+        """
+        if not isinstance(data, Mapping):
+            raise CostTableError(f"cost table: expected a mapping, got {type(data).__name__}")
+        missing = [n for n in (*KEY_FIELDS, *COST_FIELDS) if n not in data]
+        if missing:
+            raise CostTableError(f"cost table: missing field(s) {missing}")
+        kwargs = {n: data[n] for n in (*KEY_FIELDS, *COST_FIELDS)}
+        table = cls(**kwargs, measured=dict(data.get("measured") or {}))
+        if data.get("id") is not None and data["id"] != table.id:
+            raise CostTableError(
+                f"cost table: field 'id' is {data['id']!r} but its contents hash to "
+                f"{table.id!r} (edited or corrupted)"
+            )
+        return table
+
+    def to_json(self) -> str:
+        """Canonical JSON (sorted keys)."""
+        return json.dumps(self.to_dict(), sort_keys=True, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> CostTable:
+        """Inverse of :meth:`to_json`."""
+        return cls.from_dict(json.loads(text))
+
+
+# ----------------------------------------------------------------------------- storage
+
+
+def costs_dir(runs_dir: str | Path) -> Path:
+    """``<runs_dir>/costs``: where the tables of a runs folder live."""
+    return Path(runs_dir) / "costs"
+
+
+def save(table: CostTable, runs_dir: str | Path) -> Path:
+    """Write ``<runs_dir>/costs/<id>.json`` atomically (temp file, fsync, rename)."""
+    folder = costs_dir(runs_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{table.id}.json"
+    tmp = folder / f".{table.id}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(table.to_json() + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def load(runs_dir: str | Path, table_id: str) -> CostTable:
+    """The table ``<runs_dir>/costs/<table_id>.json``.
+
+    Raises:
+        CostTableError: no such file, or a file that does not parse (naming it).
+    """
+    path = costs_dir(runs_dir) / f"{table_id}.json"
+    try:
+        return CostTable.from_json(path.read_text())
+    except OSError as exc:
+        raise CostTableError(f"{path}: cannot read cost table ({exc.strerror})") from exc
+    except (ValueError, TypeError) as exc:
+        raise CostTableError(f"{path}: {exc}") from exc
+
+
+def stored(runs_dir: str | Path) -> list[CostTable]:
+    """Every readable table under ``<runs_dir>/costs`` (unreadable files are skipped)."""
+    out = []
+    for path in sorted(costs_dir(runs_dir).glob("*.json")):
+        try:
+            out.append(CostTable.from_json(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            continue
+    return out
+
+
+def find_or_calibrate(
+    runs_dir: str | Path, pair: Any, k: int, batch_size: int, **calibrate_kw: Any
+) -> CostTable:
+    """The stored table for this (pair, device, dtype, K, B), else a new calibration, saved.
+
+    A batch calibrates once and its resumed runs reuse the table (the latest calibrated of
+    those with the same :meth:`CostTable.key`), so their modelled times stay comparable.
+    """
+    want = table_key(pair, k, batch_size)
+    same = [t for t in stored(runs_dir) if t.key() == want]
+    if same:
+        return max(same, key=lambda t: str(t.measured.get("calibrated_at", "")))
+    table = calibrate(pair, k, batch_size, **calibrate_kw)
+    save(table, runs_dir)
+    return table
+
+
+# ----------------------------------------------------------------------------- identity
+
+
+def model_identity(model: Any, path: str | None = None) -> dict[str, Any]:
+    """What a model is (not where it was loaded from): type, size and config hash."""
+    cfg = {k: v for k, v in model.config.to_dict().items() if k not in _VOLATILE_CONFIG}
+    return {
+        "model_type": getattr(model.config, "model_type", None),
+        "n_params": int(sum(t.numel() for t in model.parameters())),
+        "config_sha256": hashlib.sha256(
+            json.dumps(cfg, sort_keys=True, default=str).encode()
+        ).hexdigest(),
+        "path": path,
+    }
+
+
+def device_name(device: Any) -> str:
+    """The GPU's name, or the CPU's model name (``platform.processor()`` as a fallback)."""
+    import platform
+
+    if getattr(device, "type", str(device)) == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def table_key(pair: Any, k: int, batch_size: int) -> dict[str, Any]:
+    """The :meth:`CostTable.key` a calibration of ``pair`` at ``(k, batch_size)`` would have."""
+    src = pair.info or {}
+
+    def ident(model: Any, role: str) -> dict[str, Any] | None:
+        if model is None:
+            return None
+        path = (src.get(role) or {}).get("path")
+        return {k_: v for k_, v in model_identity(model, path).items() if k_ != "path"}
+
+    return {
+        "target": ident(pair.target, "target"),
+        "draft": ident(pair.draft, "draft"),
+        "device": str(pair.device),
+        "device_name": device_name(pair.device),
+        "dtype": str(pair.dtype).removeprefix("torch."),
+        "k": int(k),
+        "batch_size": int(batch_size),
+    }
+
+
+# ----------------------------------------------------------------------------- calibration
+
+
+def calibrate(
+    pair: Any,
+    k: int,
+    batch_size: int,
+    *,
+    reps: int = 30,
+    warmup: int = 3,
+    max_seconds: float | None = 3.0,
+    min_reps: int = 5,
+    max_seq_len: int = 128,
+) -> CostTable:
+    """Measure one table: the three kinds of call interleaved rep by rep.
+
+    The batched engine's own forward (``FastLM`` over a static cache of ``max_seq_len``
+    positions) when the pair is Llama-family, else transformers' forward with a
+    ``DynamicCache`` (cropped back after each call, as the one-request engine does). Every
+    call runs at positions in the middle of the cache (a ``max_seq_len // 2``-token context
+    is prefilled first). On CUDA each call is bracketed by ``torch.cuda.synchronize``.
+
+    Args:
+        pair: a loaded :class:`~relaxspec_audit.collect.pair.Pair`.
+        k: drafts per round K (0: target-only, no verify pass measured).
+        batch_size: rows per call B.
+        reps: timed repetitions of each kind (fewer when ``max_seconds`` runs out, never
+            fewer than ``min_reps``).
+        warmup: untimed repetitions first (allocator, kernels, caches).
+        max_seconds: stop repeating after this much wall clock (None: all ``reps``).
+        min_reps: repetitions kept even past ``max_seconds``.
+        max_seq_len: the static cache's length (its attention spans all of it).
+
+    Returns:
+        The table (not saved: :func:`save`, or :func:`find_or_calibrate`).
+    """
+    import statistics
+
+    import torch
+
+    from relaxspec_audit.collect.batched import fast_path_reason
+
+    checks = (("k", k, 0), ("batch_size", batch_size, 1), ("reps", reps, 1),
+              ("warmup", warmup, 0), ("max_seq_len", max_seq_len, 8))  # fmt: skip
+    for name, value, low in checks:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise CostTableError(f"calibrate: {name} must be an int >= {low}, got {value!r}")
+    if max_seq_len // 2 + k + 1 > max_seq_len:
+        raise CostTableError(f"calibrate: max_seq_len {max_seq_len} leaves no room for a "
+                             f"{k + 1}-token verify pass after its context")  # fmt: skip
+    dev = pair.device
+    load_before = _load_avg()
+    generic_reason = fast_path_reason(pair)
+    calls = (_static_calls if generic_reason is None else _generic_calls)(
+        pair, k, batch_size, max_seq_len
+    )
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    kinds = list(calls)
+    times: dict[str, list[float]] = {name: [] for name in kinds}
+    t_start = time.perf_counter()
+    done = 0
+    with torch.inference_mode():
+        for rep in range(warmup + reps):
+            shift = rep % len(kinds)  # rotate the order: no kind always runs first
+            for name in kinds[shift:] + kinds[:shift]:
+                sync()
+                t0 = time.perf_counter()
+                calls[name]()
+                sync()
+                if rep >= warmup:
+                    times[name].append(time.perf_counter() - t0)
+            done = max(0, rep + 1 - warmup)
+            spent = time.perf_counter() - t_start
+            if max_seconds is not None and spent > max_seconds and done >= min_reps:
+                break
+    elapsed = time.perf_counter() - t_start
+    median = {name: statistics.median(v) for name, v in times.items()}
+    iqr = {name: _iqr(v) for name, v in times.items()}
+    src = pair.info or {}
+    ident = table_key(pair, k, batch_size)
+    for role in ("target", "draft"):
+        if ident[role] is not None:
+            ident[role] = {**ident[role], "path": (src.get(role) or {}).get("path")}
+    measured = {
+        "reps": done,
+        "warmup": warmup,
+        "statistic": "median",
+        "iqr_s": iqr,
+        "engine": "static" if generic_reason is None else "generic",
+        "max_seq_len": max_seq_len,
+        "context": max_seq_len // 2,
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "load_avg_before": load_before,
+        "load_avg_after": _load_avg(),
+        "torch": torch.__version__,
+        "calibrated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "elapsed_s": elapsed,
+    }
+    return CostTable(
+        **ident,
+        draft_step_s=median.get("draft_step_s"),
+        verify_s=median.get("verify_s"),
+        target_step_s=median["target_step_s"],
+        measured=measured,
+    )
+
+
+def _iqr(values: list[float]) -> float:
+    import statistics
+
+    if len(values) < 2:
+        return 0.0
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[2] - q[0]
+
+
+def _load_avg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _static_calls(pair: Any, k: int, b: int, s_max: int) -> dict[str, Any]:
+    """The three calls over ``FastLM`` static caches, after a prefilled context."""
+    import torch
+
+    from relaxspec_audit.collect.fastmodel import FastLM
+
+    dev, ctx = pair.device, s_max // 2
+    gen = torch.Generator().manual_seed(0)
+    v = pair.vocab_size
+
+    def ids(t: int) -> torch.Tensor:
+        return torch.randint(0, v, (b, t), generator=gen).to(dev)  # [B, T]
+
+    def pos(start: int, t: int) -> torch.Tensor:
+        return (start + torch.arange(t)).expand(b, t).contiguous().to(dev)  # [B, T]
+
+    models = {"target": pair.target, "draft": pair.draft if k else None}
+    fast = {}
+    with torch.inference_mode():
+        for role, model in models.items():
+            if model is None:
+                continue
+            lm = FastLM.from_hf(model)
+            lm.setup_cache(b, s_max)
+            lm(ids(ctx), pos(0, ctx), keep=1)  # the context every timed call attends to
+            fast[role] = lm
+    one, block = (ids(1), pos(ctx, 1)), (ids(k + 1), pos(ctx, k + 1))
+    # The engine reads logits as float over V columns; the argmax forces the whole call.
+    calls = {"target_step_s": lambda: fast["target"](*one)[..., :v].float().argmax(-1)}
+    if k:
+        calls["verify_s"] = lambda: fast["target"](*block)[..., :v].float().argmax(-1)
+        if "draft" in fast:
+            calls["draft_step_s"] = lambda: fast["draft"](*one, keep=1)[..., :v].float().argmax(-1)
+    return calls
+
+
+def _generic_calls(pair: Any, k: int, b: int, s_max: int) -> dict[str, Any]:
+    """The three calls over transformers' forward with a DynamicCache, cropped back after."""
+    import torch
+
+    from relaxspec_audit.collect.kvcache import _crop, _forward, _new_cache
+
+    dev, ctx = pair.device, s_max // 2
+    gen = torch.Generator().manual_seed(0)
+    v = pair.vocab_size
+
+    def ids(t: int) -> torch.Tensor:
+        return torch.randint(0, v, (b, t), generator=gen).to(dev)  # [B, T]
+
+    caches = {}
+    with torch.inference_mode():
+        for role, model in (("target", pair.target), ("draft", pair.draft if k else None)):
+            if model is not None:
+                cache = _new_cache(model)
+                _forward(model, ids(ctx), cache, keep=1)
+                caches[role] = (model, cache)
+
+    def call(role: str, t: int) -> Any:
+        model, cache = caches[role]
+        x = ids(t)
+
+        def run() -> Any:
+            out = _forward(model, x, cache, keep=t)[..., :v].float().argmax(-1)
+            _crop(cache, ctx)  # back to the context: every call sees the same length
+            return out
+
+        return run
+
+    calls = {"target_step_s": call("target", 1)}
+    if k:
+        calls["verify_s"] = call("target", k + 1)
+        if "draft" in caches:
+            calls["draft_step_s"] = call("draft", 1)
+    return calls
