@@ -8,25 +8,35 @@ working: ``select.frontier(...)``, ``select.recommend(...)`` → :class:`Verdict
 from __future__ import annotations
 
 from relaxspec_audit.audit.select import (
+    DEFAULT_MIN_GAIN,
+    PASS_COST,
     Status,
     Verdict,
     _fastest,  # noqa: F401  (private, used by tests/test_select.py)
     assign_split,
     frontier,
+    needed_items,
+    pass_cost,
     planning_sd,
     recommend,
+    requests_speedup,
     required_items,
     setting_params,
     settings_frame,
 )
 
 __all__ = [
+    "DEFAULT_MIN_GAIN",
+    "PASS_COST",
     "Status",
     "Verdict",
     "assign_split",
     "frontier",
+    "needed_items",
+    "pass_cost",
     "planning_sd",
     "recommend",
+    "requests_speedup",
     "required_items",
     "setting_params",
     "settings_frame",

@@ -14,6 +14,7 @@ from __future__ import annotations
 from relaxspec_audit.audit.accuracy import (
     _tango_z,  # noqa: F401  (private, used by tests/test_stats.py)
     accuracy_delta,
+    clustered_mcnemar,
     noninferiority_ttest,
     tango_ci,
     tango_noninferiority,
@@ -25,7 +26,9 @@ from relaxspec_audit.audit.anatomy import (
     entropy_gaps,
     rejection_anatomy,
 )
+from relaxspec_audit.audit.attribution import attribute_divergence, attribution_summary
 from relaxspec_audit.audit.counterfactual import counterfactual_nsd
+from relaxspec_audit.audit.coupling import coupling_gain
 from relaxspec_audit.audit.fidelity import (
     deviation_accounting,
     deviation_by_position,
@@ -36,16 +39,31 @@ from relaxspec_audit.audit.fidelity import (
     hash_divergence,
 )
 from relaxspec_audit.audit.frames import CLUSTER, Frame, RunFrames, Scope, json_safe
-from relaxspec_audit.audit.intervals import cluster_bootstrap_ratio, clustered_ratio
-from relaxspec_audit.audit.pairing import pair_requests
+from relaxspec_audit.audit.intervals import (
+    cluster_bootstrap_ratio,
+    clustered_ratio,
+    clustered_share,
+)
+from relaxspec_audit.audit.likelihood import emitted_loglik, loglik_delta
+from relaxspec_audit.audit.noise import floor_sentence, greedy_floor, numeric_floor
+from relaxspec_audit.audit.pairing import pair_requests, sample_index
+from relaxspec_audit.audit.power import (
+    planning_discordance,
+    required_items_mean,
+    required_items_tango,
+    tango_power,
+)
 from relaxspec_audit.audit.speedup import (
     acceptance_by_position,
     expected_tau,
+    modelled_cost_per_token,
     modelled_speedup,
+    modelled_speedup_paired,
     paired_speedup,
     speed,
 )
 from relaxspec_audit.audit.summary import AUDIT_SCHEMA_VERSION, audit_summary, summary_json
+from relaxspec_audit.audit.walltime import timing_speedups, walltime_speedup
 
 # Deprecated alias of AUDIT_SCHEMA_VERSION (not logs.SCHEMA_VERSION, the log schema's).
 SCHEMA_VERSION = AUDIT_SCHEMA_VERSION
@@ -61,27 +79,46 @@ __all__ = [
     "Scope",
     "acceptance_by_position",
     "accuracy_delta",
+    "attribute_divergence",
+    "attribution_summary",
     "audit_summary",
     "cluster_bootstrap_ratio",
+    "clustered_mcnemar",
     "clustered_ratio",
+    "clustered_share",
     "counterfactual_nsd",
+    "coupling_gain",
     "deviation_accounting",
     "deviation_by_position",
     "deviation_per_request",
+    "emitted_loglik",
     "entropy_gaps",
     "es_index",
     "expected_tau",
     "first_divergence",
     "flatten_es",
+    "floor_sentence",
+    "greedy_floor",
     "hash_divergence",
     "json_safe",
+    "loglik_delta",
+    "modelled_cost_per_token",
     "modelled_speedup",
+    "modelled_speedup_paired",
     "noninferiority_ttest",
+    "numeric_floor",
     "pair_requests",
     "paired_speedup",
+    "planning_discordance",
     "rejection_anatomy",
+    "required_items_mean",
+    "required_items_tango",
+    "sample_index",
     "speed",
     "summary_json",
     "tango_ci",
     "tango_noninferiority",
+    "tango_power",
+    "timing_speedups",
+    "walltime_speedup",
 ]

@@ -271,6 +271,10 @@ def make_paired_requests(
                         o[at[i]] = (o[at[i]] + 1) % 1000
                     outs.append(o)
                 wall = n_tok * 0.02 / rate * rng.lognormal(0, 0.1, n_items)
+                # Target passes: τ = 3 tokens per pass for the reference, ×rate for the
+                # relaxed arm, with per-request noise (its own stream: other draws unchanged).
+                jitter = np.random.default_rng([seed, t, s, 13]).lognormal(0, 0.05, n_items)
+                passes = np.maximum(1, np.round(n_tok / (3 * rate) * jitter))
                 rows.append(
                     pl.DataFrame(
                         {
@@ -285,7 +289,7 @@ def make_paired_requests(
                             "output_ids": [o.tolist() for o in outs],
                             "output_sha256": [sha256_ids(o) for o in outs],
                             "n_tokens": n_tok.astype(np.int32),
-                            "target_passes": (n_tok // 3).astype(np.int32),
+                            "target_passes": passes.astype(np.int32),
                             "wall_s": wall,
                             "score": score,
                         },

@@ -408,7 +408,7 @@ def test_task_summary_reads_old_margin_with_a_warning(tmp_path):
     with pytest.warns(FutureWarning, match="margin= is deprecated, use ni_margin="):
         kw = report.task_summary(tmp_path, "arith", margin=0.3)
     assert old["ni_margin"] == kw["ni_margin"] == 0.3 and "margin" not in old
-    assert old["schema_version"] == report.SUMMARY_SCHEMA_VERSION == 2
+    assert old["schema_version"] == report.SUMMARY_SCHEMA_VERSION == 3
     with pytest.raises(TypeError, match="give ni_margin only"):
         report.task_summary(tmp_path, "arith", parameters={"margin": 0.3, "ni_margin": 0.3})
 

@@ -96,3 +96,26 @@ def test_generic_path_and_target_only_pair(pair, monkeypatch):
     assert t.target_step_s > 0
     with pytest.raises(costs.CostTableError, match="batch_size"):
         costs.calibrate(alone, 0, 0)
+
+
+def test_cli_collect_records_one_table_for_a_pair_and_its_baseline(tmp_path):
+    """`collect` calibrates after its input checks; target-only reuses the speculative table."""
+    from click.testing import CliRunner
+
+    from relaxspec_audit.cli import main
+    from relaxspec_audit.collect import logs
+
+    out = tmp_path / "runs"
+    common = ["--task", "arith", "--limit", "2", "--max-new-tokens", "4", "--k", "3",
+              "--device", "cpu", "--out", str(out), "--no-progress"]  # fmt: skip
+    ids = []
+    for rule in (["--rule", "exact"], ["--rule", "target", "--temperature", "0"]):
+        res = CliRunner().invoke(main, ["collect", *rule, *common])
+        assert res.exit_code == 0, res.output
+        run_dir = res.output.strip().splitlines()[-2]
+        ids.append(logs.read_manifest(run_dir)["cost_table"]["id"])
+    assert ids[0] == ids[1]  # one table: the modelled speed-up over target-only is defined
+    assert [p.stem for p in (out / "costs").glob("*.json")] == [ids[0]]
+    res = CliRunner().invoke(main, ["collect", "--rule", "greedy", "--no-cost-table", *common])
+    assert res.exit_code == 0, res.output
+    assert "cost_table" not in logs.read_manifest(res.output.strip().splitlines()[-2])

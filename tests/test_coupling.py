@@ -14,6 +14,7 @@ import polars as pl
 import pytest
 
 from relaxspec_audit.audit.coupling import coupling_gain
+from relaxspec_audit.audit.power import planning_discordance
 from relaxspec_audit.collect.config import sample_request_id
 
 
@@ -75,7 +76,10 @@ def test_binary_one_sample_sizes_both_designs_from_their_discordance():
     assert out["coupled"] == pytest.approx(psi_c) and out["independent"] == pytest.approx(psi_i)
     assert psi_i > 2 * psi_c  # the design really differs
     assert out["measure_ratio"] == pytest.approx(psi_i / psi_c)
-    plan_c, plan_i = max(psi_c, 3 / 30), max(psi_i, 3 / 30)
+    # Planned at the verdict's conservative value: the upper 80 % bound on ψ.
+    plan_c = planning_discordance(round(psi_c * 30), 0, 30)[0]
+    plan_i = planning_discordance(round(psi_i * 30), 0, 30)[0]
+    assert plan_c > psi_c and plan_i > psi_i
     assert calls == [
         (pytest.approx(plan_c), 0.05, 0.05, 0.8),
         (pytest.approx(plan_i), 0.05, 0.05, 0.8),
@@ -90,13 +94,14 @@ def test_binary_one_sample_sizes_both_designs_from_their_discordance():
     assert out["note"] is None
 
 
-def test_no_coupled_discordance_is_sized_at_the_rule_of_three():
+def test_no_coupled_discordance_is_sized_at_a_conservative_planning_value():
     _, ref, rel_i, _ = _design(2)
     calls = []
     out = coupling_gain(ref, ref, rel_i, ni_margin=0.05, sizer=_fake_sizer(calls))
-    assert out["coupled"] == 0.0 and out["coupled_plan"] == pytest.approx(3 / 30)
+    plan = planning_discordance(0, 0, 30)[0]  # 1 − 0.2^(1/30) ≈ 0.052
+    assert plan > 0 and out["coupled"] == 0.0 and out["coupled_plan"] == pytest.approx(plan)
     assert out["measure_ratio"] == math.inf
-    assert out["items_coupled"] == 100  # ceil(1000 · 3/30)
+    assert out["items_coupled"] == math.ceil(1000 * plan)
 
 
 def test_several_samples_use_the_t_on_item_means():

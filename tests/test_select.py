@@ -78,10 +78,14 @@ def test_recommend_refuses_to_certify_with_too_few_items():
     assert v.status == "INCONCLUSIVE"
     assert v.n_required is not None and v.n_required > 20
     assert any("items" in r and "needed" in r for r in v.reasons)
-    # The n asked for is the power calculation at the planning sd (or min_items).
-    if v.setting is not None:
-        sd = v.numbers["planning_sd"]
-        assert v.n_required == max(30, sel.required_items(sd, 0.05))
+    # The n asked for is Tango's sizing at the planning discordance (or min_items): the
+    # test confirmation runs on one binary score per item.
+    from relaxspec_audit.audit import power
+
+    plan = v.numbers["planning"]
+    assert plan["test"] == "Tango score test"
+    n_tango = power.required_items_tango(plan["planning_value"], 0.05)
+    assert v.n_required == (max(30, n_tango) if v.setting is not None else n_tango)
 
 
 def test_recommend_fail_when_every_setting_is_inferior():
@@ -119,7 +123,8 @@ def test_settings_frame_and_assign_split():
         {"run_id": "b", "config": {"rule": "asd", "params": {"budget": 4, "gate": 0.25, "cap": 2}}},
     ]
     sf = sel.settings_frame(m)
-    assert sf.columns == ["run", "rule", "budget", "gate", "cap"]
+    assert sf.columns == ["run", "rule", "pass_cost", "budget", "gate", "cap"]
+    assert sf["pass_cost"].to_list() == [None, None]  # no cost table in these manifests
     assert sf["budget"].to_list() == [8, 4]
     ids = [f"item{i}" for i in range(2000)]
     s1, s2 = sel.assign_split(ids), sel.assign_split(ids)
@@ -129,31 +134,86 @@ def test_settings_frame_and_assign_split():
 def test_identical_scores_on_few_items_are_not_certified():
     # Zero variance would make a t test "significant" (p = 0); Tango's score test does not
     # (20 concordant pairs at δ = 0.05: p ≈ 0.16), so nothing is chosen on discovery,
-    # and the verdict asks for the rule-of-three planning sd's n.
+    # and the verdict asks for Tango's n at a conservative planning discordance.
+    from relaxspec_audit.audit import power
+
     rel, ref = _grid(40, {0.9: (0.0, 1.5)}, seed=6)
     rel = rel.drop("score").join(ref.select("item_id", "score"), on="item_id")
     v = sel.recommend(rel, ref, ["theta"], ni_margin=0.05)
     assert v.status == "INCONCLUSIVE" and v.setting is None
     assert v.numbers["discovery"][0]["p_noninf"] > 0.05
-    assert v.numbers["planning_sd"] == pytest.approx(math.sqrt(3 / 20))
-    assert v.n_required == sel.required_items(math.sqrt(3 / 20), 0.05) > 20
+    psi, _ = power.planning_discordance(0, 0, 20)
+    assert psi > 0 and v.numbers["planning"]["planning_value"] == pytest.approx(psi)
+    assert v.n_required == power.required_items_tango(psi, 0.05) > 20
     assert json.loads(v.to_json())["n_required"] == v.n_required
 
 
-def test_fastest_ranks_by_tokens_per_pass_then_log_quantities_not_wall_clock():
-    # τ is deterministic given the logs; ties go to the better delta, then the smaller
-    # setting, never to the wall clock (select._fastest), so equal logs give equal choices.
+def test_fastest_ranks_by_modelled_speedup_then_log_quantities_not_wall_clock():
+    # The modelled speed-up is a function of the logs; ties go to the better delta, then
+    # the smaller setting, never to the wall clock (select._fastest), so equal logs give
+    # equal choices.
     df = pl.DataFrame(
         {
             "theta": [0.8, 0.9, 0.95, 0.99],
+            "speedup": [1.2, 1.5, 1.5, 1.5],
             "tau": [2.0, 2.5, 2.5, 2.5],
             "delta": [0.0, -0.01, 0.0, 0.0],
-            "speedup": [1.30, 1.01, 1.04, 1.09],
+            "wall_speedup": [3.0, 1.01, 1.04, 1.09],
         }
     )
     assert sel._fastest(df, ["theta"])["theta"] == 0.95
     assert sel._fastest(df.reverse(), ["theta"])["theta"] == 0.95  # order-independent
     with_eps = df.with_columns(pl.Series("eps", [0.0, 0.0, 0.02, 0.01]))
     assert sel._fastest(with_eps, ["theta"])["theta"] == 0.99
-    no_tau = df.with_columns(pl.lit(None, dtype=pl.Float64).alias("tau"))
-    assert sel._fastest(no_tau)["theta"] == 0.8  # τ unknown: the measured speedup
+
+
+def test_identical_logs_give_modelled_speedup_exactly_one():
+    # The modelled speed-up is a function of integer pass counts: two runs with identical
+    # logs give exactly 1.0 with CI [1, 1], whatever their wall clocks did.
+    _, ref = _grid(200, {0.9: (0.0, 1.0)}, seed=8)
+    same = ref.with_columns(
+        pl.lit(0.9).alias("theta"),
+        (pl.col("wall_s") * 1.7).alias("wall_s"),  # a loaded machine: wall clock moves
+    )
+    fr = sel.frontier(same, ref, ["theta"], ni_margin=0.05).row(0, named=True)
+    assert (fr["speedup"], fr["speedup_ci_low"], fr["speedup_ci_high"]) == (1.0, 1.0, 1.0)
+    assert fr["speed_basis"] == "passes"
+    assert fr["wall_speedup"] < 0.7  # the wall clock says "slower"; it never decides
+    # With cost tables on both sides the same holds, and the basis says so.
+    costed = [f.with_columns(pl.lit(0.004).alias("pass_cost")) for f in (same, ref)]
+    fr = sel.frontier(*costed, ["theta"], ni_margin=0.05).row(0, named=True)
+    assert (fr["speedup"], fr["speedup_ci_low"], fr["speedup_ci_high"]) == (1.0, 1.0, 1.0)
+    assert fr["speed_basis"] == "cost table"
+
+
+def test_modelled_speedup_uses_each_runs_pass_cost():
+    # Against target-only decoding a pass costs differently on each side: a round of
+    # K = 4 drafts at 1 ms and a 3 ms verify pass (7 ms) vs a 2 ms target step.
+    rel, ref = _grid(300, {0.9: (0.0, 1.3)}, seed=9)
+    rel = rel.with_columns(pl.lit(0.007).alias("pass_cost"))
+    ref = ref.with_columns(pl.lit(0.002).alias("pass_cost"))
+    sp = sel.requests_speedup(rel, ref)
+    ratio = (ref["target_passes"].sum() * 0.002 / ref["n_tokens"].sum()) / (
+        rel["target_passes"].sum() * 0.007 / rel["n_tokens"].sum()
+    )
+    assert sp["speedup"] == pytest.approx(ratio, rel=1e-12)
+    assert sp["ci_low"] < sp["speedup"] < sp["ci_high"] and sp["basis"] == "cost table"
+    gone = sel.requests_speedup(rel.drop("pass_cost"), ref, need_costs=True)
+    assert gone["speedup"] is None and gone["basis"] == "no cost table"
+
+
+def test_pass_needs_a_modelled_gain_else_no_gain():
+    # Non-inferior at δ but not faster than the reference: NO-GAIN, never PASS.
+    rel, ref = _grid(1600, {0.9: (0.0, 1.0)}, seed=3)
+    v = sel.recommend(rel, ref, ["theta"], ni_margin=0.05)
+    assert v.status == "NO-GAIN", v.reasons
+    assert v.setting == {"theta": 0.9}
+    assert "minimum gain" in v.reasons[-1]
+    assert v.numbers["min_gain"] == 1.0
+    # Faster, but the bar is set above what it reaches: NO-GAIN again.
+    rel, ref = _grid(1600, {0.9: (0.0, 1.3)}, seed=3)
+    assert sel.recommend(rel, ref, ["theta"], ni_margin=0.05).status == "PASS"
+    v = sel.recommend(rel, ref, ["theta"], ni_margin=0.05, min_gain=1.5)
+    assert v.status == "NO-GAIN"
+    with pytest.raises(ValueError, match="min_gain"):
+        sel.recommend(rel, ref, ["theta"], min_gain=-1.0)

@@ -102,13 +102,18 @@ def format_table(s: dict[str, Any]) -> str:
     kv("tau (tokens / target pass)", f"{_fmt(s['tau_mean'])} [{', '.join(map(_fmt, s['tau_ci']))}]")
     kv("acceptance rate α", _fmt(s["acceptance_rate"]))
     kv("mean K", _fmt(s["k_mean"]))
-    kv("verification share of time", _fmt(s["verify_share"]))
-    kv("modelled speedup (THEORY §1)", _fmt(s["modelled_speedup"]))
+    kv("verification share of time (wall clock)", _fmt(s["verify_share"]))
     kv("target passes per token", _fmt(s.get("passes_per_token")))
-    kv("tokens / s", _fmt(s.get("tokens_per_s")))
-    for key in ("speedup_vs_reference", "speedup_vs_baseline"):
+    kv("tokens / s (wall clock)", _fmt(s.get("tokens_per_s")))
+    versus = (("speedup_vs_reference", "reference"), ("speedup_vs_baseline", "target-only"))
+    for key, label in versus:
         if key in s:
-            kv(key.replace("_", " "), f"{_fmt(s[key]['speedup'])} {_ci(s[key])}")
+            m = s[key]
+            basis = m.get("basis")
+            kv(f"speed-up vs {label} (modelled, {basis})", f"{_fmt(m['speedup'])} {_ci(m)}")
+            w = s.get(f"wall_{key}")
+            if w:
+                kv(f"speed-up vs {label} (wall clock)", f"{_fmt(w['speedup'])} {_ci(w)}")
 
     if "accuracy_delta" in s:
         a = s["accuracy_delta"]

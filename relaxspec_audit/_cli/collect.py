@@ -109,6 +109,18 @@ def build_command() -> click.Command:
         "[default: auto, 8 on CPU, 64 on CUDA; not part of the run id]",
     )
     @click.option(
+        "--samples-per-item",
+        default=_D.samples_per_item,
+        show_default=True,
+        type=click.IntRange(min=1),
+        help="Completions per item, each with its own random keys (temperature > 0 only).",
+    )
+    @click.option(
+        "--variant",
+        hidden=True,
+        help="Label of a replica run (e.g. coupling, floor-b1); part of the run id.",
+    )
+    @click.option(
         "--resume/--no-resume",
         default=True,
         show_default=True,
@@ -135,6 +147,14 @@ def build_command() -> click.Command:
         "by size only, not id by id against the target's tokenizer).",
     )
     @click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
+    @click.option(
+        "--cost-table/--no-cost-table",
+        default=True,
+        show_default=True,
+        help="Record a cost table (a short calibration, reused from <out>/costs/ when one "
+        "exists for this pair, device, dtype, K and batch size): the modelled speed-up "
+        "needs it.",
+    )
     @click.option(
         "--threads",
         type=int,
@@ -189,6 +209,8 @@ def _collect(opts: dict[str, Any]) -> None:
             dtype=opts["dtype"],
             log_positions=opts["log_positions"],
             batch_size=opts["batch_size"],
+            samples_per_item=opts["samples_per_item"],
+            variant=opts["variant"],
         ).validate()
     except ConfigError as exc:
         raise click.BadParameter(exc.message, param_hint=f"'{exc.field}'") from exc
@@ -214,6 +236,7 @@ def _collect(opts: dict[str, Any]) -> None:
             progress=bar.update,
             chunk_size=opts["chunk_size"],
             allow_untokenized_draft=opts["allow_draft_without_tokenizer"],
+            calibrate=opts["cost_table"],
         )
     except (DecodeError, LogError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc

@@ -60,9 +60,11 @@ def coupling_gain(
     measure is the sd ``s_d`` of the item differences ``d_i = s̄_i^rel − s̄_i^ref`` and the
     items come from the one-sided paired t (``select.required_items``, or ``sizer``).
 
-    A pilot with no discordant pair does not show ψ = 0: both designs are sized at
-    ``ψ_plan = max(ψ̂, 3/n)`` (binary) or ``s_plan = max(s_d, √(3/n))`` for binary item
-    means, the "rule of three" bound (Hanley & Lippman-Hand 1983; ``select.planning_sd``).
+    A pilot with few or no discordant pairs does not show ψ ≈ 0: both designs are sized at
+    the verdict's planning value (``select.needed_items``), for binary scores the upper
+    80 % Clopper–Pearson bound on ψ (``power.planning_discordance``), for binary item
+    means ``s_plan = max(s_d, √(3/n))``, the "rule of three" bound (Hanley &
+    Lippman-Hand 1983; ``select.planning_sd``).
 
     ``measure_ratio`` is ``ψ̂_indep / ψ̂_coupled`` (binary) or ``s²_indep / s²_coupled``:
     the factor by which independent seeds inflate the variance of the paired difference,
@@ -149,8 +151,12 @@ def coupling_gain(
     if tango:
         measure = "discordance"
         m_c, m_i = float(x_c.mean()), float(x_i.mean())
-        floor = 3.0 / n
-        plan_c, plan_i = max(m_c, floor), max(m_i, floor)
+        # The verdict's planning value (select.needed_items): the upper 80 % bound on ψ,
+        # so both designs are sized the way confirmation would be.
+        from relaxspec_audit.audit.power import planning_discordance
+
+        plan_c = planning_discordance(round(x_c.sum()), 0, n)[0]
+        plan_i = planning_discordance(round(x_i.sum()), 0, n)[0]
         ratio = m_i / m_c if m_c > 0 else (math.inf if m_i > 0 else float("nan"))
         if sizer is None:
             from relaxspec_audit.audit.power import required_items_tango as sizer

@@ -5,8 +5,14 @@ accuracy delta (each with an interval); the recommendation is the fastest settin
 non-inferior at margin δ (and, optionally, whose mean per-token deviation ε stays under a
 cap), chosen on the ``discovery`` split and re-tested on the disjoint ``confirmation``
 split — a setting picked and judged on the same prompts overstates itself (winner's
-curse). The sign-off is a :class:`Verdict`: ``PASS``, ``FAIL`` or ``INCONCLUSIVE``; it is
-never ``PASS`` with fewer items than a power calculation asks for.
+curse). The sign-off is a :class:`Verdict`: ``PASS``, ``NO-GAIN``, ``FAIL`` or
+``INCONCLUSIVE``; it is never ``PASS`` with fewer items than a power calculation asks for, nor
+without a modelled speed-up whose lower confidence bound clears the minimum gain.
+
+Speed here is the MODELLED speed-up (docs/STATISTICS.md §7): integer target passes per
+request times the cost of one pass from the run's cost table, so identical logs give exactly
+1.0 and the ranking cannot move with machine load. Wall-clock speed-ups are shown beside it,
+labelled, and never decide.
 
 Statistics come from :mod:`relaxspec_audit.audit` (accuracy, speed); only numpy, polars,
 scipy and statsmodels are imported: no torch.
@@ -26,9 +32,20 @@ import polars as pl
 from relaxspec_audit._compat import renamed_kwargs
 from relaxspec_audit.audit.accuracy import accuracy_delta
 from relaxspec_audit.audit.frames import Frame, _lazy, json_safe
+from relaxspec_audit.audit.pairing import pair_requests
 from relaxspec_audit.audit.speedup import paired_speedup
 
-Status = Literal["PASS", "FAIL", "INCONCLUSIVE"]
+Status = Literal["PASS", "NO-GAIN", "FAIL", "INCONCLUSIVE"]
+
+#: Default minimum modelled speed-up over the reference that PASS needs (its lower bound
+#: must exceed it): a relaxed rule that is not faster than its lossless reference buys
+#: nothing for its fidelity cost.
+DEFAULT_MIN_GAIN = 1.0
+
+#: Column of a requests frame holding the modelled seconds of one target pass of its run
+#: (``K·draft_step_s + verify_s``, or ``target_step_s`` for target-only decoding, from the
+#: run's cost table; :func:`settings_frame` adds it).
+PASS_COST = "pass_cost"
 
 
 @dataclass(frozen=True)
@@ -37,9 +54,11 @@ class Verdict:
 
     Attributes:
         status: ``PASS`` (non-inferior at δ on the confirmation split, with
-            enough items), ``FAIL`` (shown inferior, over the ε cap, or not non-inferior
-            with an adequately powered confirmation), or ``INCONCLUSIVE`` (too few items
-            to decide; ``n_required`` says how many).
+            enough items, and the lower bound of the modelled speed-up over the reference
+            above ``min_gain``), ``NO-GAIN`` (non-inferior, but not shown faster than
+            ``min_gain``: nothing to turn on), ``FAIL`` (shown inferior, over the ε cap, or
+            not non-inferior with an adequately powered confirmation), or
+            ``INCONCLUSIVE`` (too few items to decide; ``n_required`` says how many).
         setting: the chosen setting (e.g. ``{"theta": 0.9}``), or None.
         reasons: plain-language reasons, in the order they were established.
         numbers: the numbers behind the decision (frontier, confirmation row, ``ni_margin``…).
@@ -71,36 +90,16 @@ def required_items(
     alpha: float = 0.05,
     power: float = 0.8,
 ) -> int:
-    """Items needed by the one-sided paired non-inferiority t test.
+    """Items needed by the one-sided paired non-inferiority t test on item means.
 
-    H0 ``delta ≤ −ni_margin`` vs H1 ``delta > −ni_margin`` on per-item differences with sd
-    ``σ_d``, when the true delta is ``true_delta``. Normal approximation (Chow, Shao &
-    Wang 2008, *Sample Size Calculations in Clinical Research*, §3.1.2/§3.2.2; Julious
-    2004, Stat. Med. 23:1921)::
-
-        n ≈ (z_{1−α} + z_{1−β})² σ_d² / (true_delta + ni_margin)²
-
-    solved exactly for the noncentral t with statsmodels ``TTestPower.solve_power``
-    (one-sample t on differences, ``alternative="larger"``). For paired binary scores
-    ``σ_d² = ψ − delta²`` with ``ψ`` the discordant-pair rate (Nam 1997, Biometrics 53;
-    Liu et al. 2002, Stat. Med. 21).
-
-    Raises:
-        ValueError: ``ni_margin + true_delta ≤ 0`` (no power possible) or ``sd_diff < 0``.
+    :func:`relaxspec_audit.audit.power.required_items_mean` (Chow, Shao & Wang 2008,
+    §3.2; solved for the noncentral t). The verdict sizes with :func:`needed_items`, which
+    picks the test that is actually run (Tango's for one binary score per item).
     """
-    from statsmodels.stats.power import TTestPower
+    from relaxspec_audit.audit.power import required_items_mean
 
-    effect = true_delta + ni_margin
-    if effect <= 0:
-        raise ValueError(f"ni_margin: ni_margin + true_delta must be > 0, got {effect}")
-    if not sd_diff >= 0:
-        raise ValueError(f"sd_diff: must be >= 0, got {sd_diff}")
-    if sd_diff == 0:
-        return 2
-    n = TTestPower().solve_power(
-        effect_size=effect / sd_diff, alpha=alpha, power=power, alternative="larger"
-    )
-    return max(2, math.ceil(float(np.atleast_1d(n)[0])))
+    return required_items_mean(sd_diff, ni_margin, true_delta=true_delta, alpha=alpha,
+                               power=power)  # fmt: skip
 
 
 def planning_sd(sd_diff: float, n_items: int, binary: bool) -> float:
@@ -125,13 +124,34 @@ def setting_params(rule: str) -> tuple[str, ...]:
     return RULES[rule].param_names if rule in RULES else ()
 
 
+def pass_cost(manifest: Mapping[str, Any]) -> float | None:
+    """Modelled seconds of one target pass of a run, from its manifest's cost table.
+
+    A speculative round is K draft steps and one verify pass of K+1 tokens; a target-only
+    token is one target step (docs/STATISTICS.md §7). None without a cost table.
+    """
+    from relaxspec_audit.verify.registry import TARGET_ONLY
+
+    table = manifest.get("cost_table")
+    cfg = manifest.get("config", {})
+    if not isinstance(table, Mapping):
+        return None
+    try:
+        if cfg.get("rule") == TARGET_ONLY:
+            return float(table["target_step_s"])
+        return int(cfg["k"]) * float(table["draft_step_s"]) + float(table["verify_s"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def settings_frame(manifests: Sequence[Mapping[str, Any]]) -> pl.DataFrame:
-    """One row per run: ``run`` (run id), ``rule`` and the rule's resolved parameters.
+    """One row per run: ``run`` (run id), ``rule``, ``pass_cost`` and the resolved parameters.
 
     Join it to a ``requests`` scan on ``run`` (the hive key of ``logs.scan``) to get the
-    setting columns :func:`frontier` groups by. Parameters are resolved by the registry
-    (defaults filled in), so a run at the default θ and one that names θ = 0.95 are the
-    same setting, and a setting given only its budget has its gate and cap too.
+    setting columns :func:`frontier` groups by, and each run's modelled cost of a target
+    pass (:func:`pass_cost`; null without a cost table). Parameters are resolved by the
+    registry (defaults filled in), so a run at the default θ and one that names θ = 0.95
+    are the same setting, and a setting given only its budget has its gate and cap too.
     """
     from relaxspec_audit.verify.registry import RULES, params_dict, resolve_params
 
@@ -139,14 +159,18 @@ def settings_frame(manifests: Sequence[Mapping[str, Any]]) -> pl.DataFrame:
     for m in manifests:
         cfg = m.get("config", {})
         rule = cfg.get("rule")
-        row = {"run": m.get("run_id"), "rule": rule}
+        row = {"run": m.get("run_id"), "rule": rule, PASS_COST: pass_cost(m)}
         if rule in RULES:
             row.update(params_dict(resolve_params(rule, cfg.get("params"))))
         rows.append(row)
     # An int parameter that is ∞ in some run (an uncapped ASD) is a float column.
     floats = {k for row in rows for k, v in row.items() if isinstance(v, float)}
-    rows = [{k: float(v) if k in floats else v for k, v in row.items()} for row in rows]
-    return pl.DataFrame(rows)
+    floats.add(PASS_COST)
+    rows = [
+        {k: float(v) if k in floats and v is not None else v for k, v in row.items()}
+        for row in rows
+    ]
+    return pl.DataFrame(rows, schema_overrides={PASS_COST: pl.Float64})
 
 
 def _with_item_key(frame: Frame, name: str) -> pl.DataFrame:
@@ -155,6 +179,51 @@ def _with_item_key(frame: Frame, name: str) -> pl.DataFrame:
     if "task" in df.columns:
         df = df.with_columns(pl.format("{}/{}", pl.col("task"), pl.col("item_id")).alias("item_id"))
     return df
+
+
+def requests_speedup(
+    rel: pl.DataFrame, ref: pl.DataFrame, *, alpha: float = 0.05, need_costs: bool = False
+) -> dict[str, Any]:
+    """Modelled speed-up of ``rel`` over ``ref`` from their requests frames (STATISTICS §7).
+
+    The frontier's form of :func:`~relaxspec_audit.audit.speedup.modelled_speedup_paired`
+    (which reads one run's rounds and manifest): here each requests row carries its run's
+    ``pass_cost``, so a setting's rows may pool several runs. Per request the modelled
+    time is ``target_passes · pass_cost`` (a speculative round is
+    one verify pass and K draft steps; a target-only token one step; the cost of each
+    comes from the run's cost table). Over the items both runs decoded::
+
+        S = (Σ time_ref / Σ tokens_ref) / (Σ time_rel / Σ tokens_rel)
+
+    with the item-clustered delta-method interval of :func:`_paired_ratio_ci`. When the
+    two frames have no ``pass_cost`` the cost of a pass is taken as equal in both (two
+    speculative runs of one pair, K and batch size: it cancels), so ``S`` is the ratio of
+    tokens per pass and ``basis`` says so. Identical counts give exactly 1.0, CI [1, 1].
+    With ``need_costs`` (a comparison across kinds of pass, e.g. against target-only
+    decoding, where the costs do not cancel) a missing cost table gives no estimate.
+
+    Returns:
+        ``{"speedup", "ci_low", "ci_high", "n_pairs", "basis"}`` (``basis`` is
+        ``"cost table"``, ``"passes"`` or ``"no cost table"`` with null numbers).
+    """
+    from relaxspec_audit.audit.speedup import _paired_ratio_ci
+
+    costed = PASS_COST in rel.columns and PASS_COST in ref.columns
+    costed = costed and rel[PASS_COST].is_not_null().all() and ref[PASS_COST].is_not_null().all()
+    if need_costs and not costed:
+        return {"speedup": None, "ci_low": None, "ci_high": None, "n_pairs": None,
+                "basis": "no cost table"}  # fmt: skip
+    cols = ["target_passes", "n_tokens", *([PASS_COST] if costed else [])]
+    pairs = pair_requests(rel, ref, cols, by=[])
+
+    def time(side: str) -> np.ndarray:
+        passes = pairs[f"target_passes_{side}"].cast(pl.Float64).to_numpy()
+        return passes * pairs[f"{PASS_COST}_{side}"].to_numpy() if costed else passes
+
+    tok = {s: pairs[f"n_tokens_{s}"].cast(pl.Float64).to_numpy() for s in ("ref", "rel")}
+    est, lo, hi = _paired_ratio_ci(time("ref"), tok["ref"], time("rel"), tok["rel"], alpha)
+    basis = "cost table" if costed else "passes"
+    return {"speedup": est, "ci_low": lo, "ci_high": hi, "n_pairs": pairs.height, "basis": basis}
 
 
 @renamed_kwargs(margin="ni_margin")
@@ -167,19 +236,22 @@ def frontier(
     alpha: float = 0.05,
     eps: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
-    """Speedup vs accuracy delta, one row per setting, with intervals (THEORY §3).
+    """Modelled speed-up vs accuracy delta, one row per setting, with intervals (THEORY §3).
 
     For each setting (the distinct values of ``setting_cols`` in ``requests``), the
     paired accuracy delta against the reference over all its items (tasks pooled; item
     keys are ``task/item_id``) with its CI and one-sided non-inferiority p-value
-    (:func:`accuracy_delta`), and the speedup over the reference with its CI
-    (:func:`paired_speedup`). ``pareto`` marks settings that no other setting beats
-    on both speedup and delta.
+    (:func:`accuracy_delta`), and the modelled speed-up over the reference with its CI
+    (:func:`requests_speedup`: pass counts × the cost table, a function of the logs).
+    The wall-clock speed-up of the collection (``wall_speedup``, from each request's
+    ``wall_s``) is kept for reference only: it moves with machine load. ``pareto`` marks
+    settings that no other setting beats on both modelled speed-up and delta.
 
     Args:
         requests: the relaxed runs' ``requests`` with the setting columns added
-            (e.g. joined from :func:`settings_frame`).
-        reference: the reference run's ``requests`` (same items).
+            (e.g. joined from :func:`settings_frame`, which also adds ``pass_cost``).
+        reference: the reference run's ``requests`` (same items; with ``pass_cost`` when
+            the relaxed ones have it).
         setting_cols: the columns that identify a setting (``["theta"]``,
             ``["budget", "gate", "cap"]``).
         ni_margin: non-inferiority margin δ.
@@ -190,8 +262,9 @@ def frontier(
 
     Returns:
         Columns ``*setting_cols, n_items, delta, ci_low, ci_high, p_noninf, noninferior,
-        sd_diff, binary, speedup, speedup_ci_low, speedup_ci_high, tau, pareto`` (and
-        ``eps``); ``tau`` is null when the requests lack ``n_tokens``/``target_passes``.
+        sd_diff, binary, n10, n01, speedup, speedup_ci_low, speedup_ci_high, speed_basis,
+        wall_speedup, wall_ci_low, wall_ci_high, tau, pareto`` (and ``eps``); ``tau`` is
+        tokens per target pass; ``n10``/``n01`` count discordant items (binary scores).
     """
     cols = list(setting_cols)
     if not cols:
@@ -205,11 +278,13 @@ def frontier(
     rows = []
     for key, part in rel.partition_by(cols, as_dict=True, maintain_order=True).items():
         acc = accuracy_delta(part, ref, ni_margin=ni_margin, by=[], alpha=alpha).row(0, named=True)
-        spd = paired_speedup(part, ref, by=[], alpha=alpha).row(0, named=True)
-        tau = None
-        if {"n_tokens", "target_passes"} <= set(part.columns):
-            # Tokens per target pass over the setting's requests (THEORY §1, τ).
-            tau = float(part["n_tokens"].sum()) / max(float(part["target_passes"].sum()), 1.0)
+        wall = paired_speedup(part, ref, by=[], alpha=alpha).row(0, named=True)
+        spd = requests_speedup(part, ref, alpha=alpha)
+        # Tokens per target pass over the setting's requests (THEORY §1, τ).
+        tau = float(part["n_tokens"].sum()) / max(float(part["target_passes"].sum()), 1.0)
+        # Discordant counts size Tango's test, which runs on one binary score per item.
+        one = acc["binary"] and acc["n_pairs"] == acc["n_items"]
+        n10, n01 = _discordant(part, ref) if one else (None, None)
         row = dict(zip(cols, key, strict=True))
         row.update(
             n_items=acc["n_items"],
@@ -220,9 +295,15 @@ def frontier(
             noninferior=bool(acc["p_noninf"] < alpha),
             sd_diff=acc["sd_diff"],
             binary=acc["binary"],
+            n10=n10,
+            n01=n01,
             speedup=spd["speedup"],
             speedup_ci_low=spd["ci_low"],
             speedup_ci_high=spd["ci_high"],
+            speed_basis=spd["basis"],
+            wall_speedup=wall["speedup"],
+            wall_ci_low=wall["ci_low"],
+            wall_ci_high=wall["ci_high"],
             tau=tau,
         )
         rows.append(row)
@@ -237,25 +318,31 @@ def frontier(
     return out.sort(cols)
 
 
-def _fastest(df: pl.DataFrame, setting_cols: Sequence[str] = ()) -> dict[str, Any]:
-    """The fastest setting: most tokens per target pass; ties broken from the logs.
+def _discordant(rel: pl.DataFrame, ref: pl.DataFrame) -> tuple[int, int]:
+    """Items where only the relaxed run (n10) or only the reference (n01) scores 1."""
+    pairs = pair_requests(rel, ref, ["score"], by=[]).filter(
+        pl.col("score_rel").is_not_null() & pl.col("score_ref").is_not_null()
+    )
+    items = pairs.group_by("item_id").agg(pl.col("score_rel").mean(), pl.col("score_ref").mean())
+    d = (items["score_rel"] - items["score_ref"]).to_numpy()
+    return int(np.sum(d > 0)), int(np.sum(d < 0))
 
-    τ is a deterministic function of the logs; within one rule family the draft and K are
-    fixed, so the cost of a target pass plus its draft passes is about the same for every
-    setting and τ orders them as the modelled speedup ``τ / (1 + K·c)`` does (THEORY §1).
-    Settings with equal τ (typically identical outputs) are ordered by the larger accuracy
-    delta, the smaller deviation ``eps`` (when given), then the smaller setting values:
-    all functions of the logs, so the same logs always give the same choice. Wall-clock
-    speedups move by several percent between identical runs on a shared machine and are
-    used only when τ is unknown.
+
+def _fastest(df: pl.DataFrame, setting_cols: Sequence[str] = ()) -> dict[str, Any]:
+    """The fastest setting by the modelled speed-up; ties broken from the logs.
+
+    The modelled speed-up is a function of the logs (pass counts × one cost table), so the
+    same logs always give the same choice; within one family (one draft, K, batch size) it
+    orders settings as τ does. Settings with equal speed-up (typically identical outputs)
+    are ordered by the larger accuracy delta, the smaller deviation ``eps`` (when given),
+    then the smaller setting values. Wall-clock speed-ups never rank: they move by several
+    percent between identical runs on a shared machine.
     """
-    if "tau" in df.columns and df["tau"].null_count() < df.height:
-        keys = [("tau", True), ("delta", True), ("eps", False)]
-        keys += [(c, False) for c in setting_cols]
-        keys = [(c, desc) for c, desc in keys if c in df.columns]
-        ordered = df.sort([c for c, _ in keys], descending=[d for _, d in keys], nulls_last=True)
-        return ordered.row(0, named=True)
-    return df.sort("speedup").row(-1, named=True)
+    keys = [("speedup", True), ("tau", True), ("delta", True), ("eps", False)]
+    keys += [(c, False) for c in setting_cols]
+    keys = [(c, desc) for c, desc in keys if c in df.columns]
+    ordered = df.sort([c for c, _ in keys], descending=[d for _, d in keys], nulls_last=True)
+    return ordered.row(0, named=True)
 
 
 def _split(df: pl.DataFrame, col: str, value: str, name: str) -> pl.DataFrame:
@@ -278,6 +365,7 @@ def recommend(
     alpha: float = 0.05,
     power: float = 0.8,
     min_items: int = 30,
+    min_gain: float = DEFAULT_MIN_GAIN,
     split_col: str = "split",
     discovery: str = "discovery",
     confirmation: str = "confirmation",
@@ -292,14 +380,17 @@ def recommend(
        (one-sided p < α) and, with ``eps_cap``, have ``eps ≤ eps_cap``. None → ``FAIL``
        when every setting is shown inferior (CI upper end < −ni_margin) or over the cap,
        else ``INCONCLUSIVE``.
-    3. The fastest candidate (:func:`_fastest`: most tokens per target pass, ties broken
-       by accuracy delta, deviation, then setting values) is re-tested on the
+    3. The fastest candidate (:func:`_fastest`: the largest modelled speed-up, ties
+       broken by accuracy delta, deviation, then setting values) is re-tested on the
        confirmation split alone. Its item count must reach ``max(min_items,
-       n_required)`` where ``n_required`` is :func:`required_items` at the discovery sd
-       (:func:`planning_sd`), true delta 0, level α and ``power`` — else
-       ``INCONCLUSIVE`` with ``n_required``.
-    4. Confirmation non-inferior → ``PASS``; otherwise ``FAIL`` (shown inferior, or not
-       shown non-inferior by an adequately powered test).
+       n_required)`` where ``n_required`` is :func:`needed_items` for the test that is
+       run (Tango's score test at discovery's discordance for one binary score per item,
+       else the paired t on item means at discovery's sd), true delta 0, level α and
+       ``power`` — else ``INCONCLUSIVE`` with ``n_required``.
+    4. Confirmation not non-inferior → ``FAIL`` (shown inferior, or not shown
+       non-inferior by an adequately powered test). Non-inferior and the lower bound of
+       the modelled speed-up over the reference above ``min_gain`` → ``PASS``;
+       non-inferior without that gain → ``NO-GAIN``.
 
     Args:
         requests: relaxed runs' ``requests`` with the setting columns and ``split``.
@@ -311,6 +402,7 @@ def recommend(
         alpha: test level.
         power: power for the sample-size requirement.
         min_items: never certify on fewer confirmation items than this.
+        min_gain: PASS needs the modelled speed-up's lower bound above this (≥ 0).
         split_col: split column.
         discovery: discovery split value.
         confirmation: confirmation split value.
@@ -318,6 +410,8 @@ def recommend(
     Returns:
         The :class:`Verdict`.
     """
+    if not (min_gain >= 0 and math.isfinite(min_gain)):
+        raise ValueError(f"min_gain: must be a finite number >= 0, got {min_gain}")
     cols = list(setting_cols)
     if eps_cap is not None and eps is None:
         raise ValueError("eps: an eps frame (setting columns + 'eps') is needed with eps_cap")
@@ -338,6 +432,7 @@ def recommend(
             f"(e.g. {sorted(overlap)[:3]}); the splits must be disjoint"
         )
     numbers: dict[str, Any] = {"ni_margin": ni_margin, "alpha": alpha, "power": power}
+    numbers["min_gain"] = min_gain
     numbers["eps_cap"] = eps_cap
     reasons: list[str] = []
 
@@ -361,26 +456,26 @@ def recommend(
             )
             return Verdict("FAIL", None, reasons, numbers)
         best = _fastest(allowed.filter(pl.col("ci_high") >= -ni_margin), cols)
-        sd = planning_sd(best["sd_diff"], best["n_items"], best["binary"])
-        n_req = required_items(sd, ni_margin, alpha=alpha, power=power)
+        n_req, plan = needed_items(best, ni_margin, alpha=alpha, power=power)
         reasons.append(
             f"no setting shown non-inferior at δ = {ni_margin} on discovery "
-            f"({n_disc} items); about {n_req} items per split are needed for power {power}"
+            f"({n_disc} items); about {n_req} items per split are needed for power {power} "
+            f"({plan['test']}, {plan['note']})"
         )
-        numbers["planning_sd"] = sd
+        numbers["planning"] = plan
         return Verdict("INCONCLUSIVE", None, reasons, numbers, n_required=n_req)
 
     chosen = _fastest(cand, cols)
     setting = {c: chosen[c] for c in cols}
     reasons.append(
         f"discovery: fastest non-inferior setting {setting} "
-        f"(tau {chosen.get('tau') or float('nan'):.3g}, speedup {chosen['speedup']:.3g}, "
-        f"delta {chosen['delta']:+.4f}, "
-        f"p_noninf {chosen['p_noninf']:.3g}, {chosen['n_items']} items)"
+        f"(modelled speed-up {_x(chosen['speedup'])}, tau {_x(chosen.get('tau'))}, "
+        f"delta {chosen['delta']:+.4f}, p_noninf {chosen['p_noninf']:.3g}, "
+        f"{chosen['n_items']} items)"
     )
-    sd = planning_sd(chosen["sd_diff"], chosen["n_items"], chosen["binary"])
-    n_req = max(min_items, required_items(sd, ni_margin, alpha=alpha, power=power))
-    numbers["planning_sd"] = sd
+    n_req, plan = needed_items(chosen, ni_margin, alpha=alpha, power=power)
+    n_req = max(min_items, n_req)
+    numbers["planning"] = plan
 
     match = pl.all_horizontal([pl.col(c) == v for c, v in setting.items()])
     conf_rel = rel_c.filter(match)
@@ -394,22 +489,70 @@ def recommend(
     if fc["n_items"] < n_req:
         reasons.append(
             f"confirmation has {fc['n_items']} items; at least {n_req} are needed "
-            f"(power {power} at δ = {ni_margin}, planning sd {sd:.3g}, minimum {min_items})"
+            f"(power {power} at δ = {ni_margin}, {plan['test']}, {plan['note']}, "
+            f"minimum {min_items})"
         )
         return Verdict("INCONCLUSIVE", setting, reasons, numbers, n_required=n_req)
-    if fc["noninferior"]:
+    if not fc["noninferior"]:
+        shown = "shown inferior" if fc["ci_high"] < -ni_margin else "not shown non-inferior"
         reasons.append(
-            f"confirmation: non-inferior at δ = {ni_margin} (delta {fc['delta']:+.4f}, "
-            f"CI [{fc['ci_low']:+.4f}, {fc['ci_high']:+.4f}], p {fc['p_noninf']:.3g}, "
-            f"{fc['n_items']} items); speedup {fc['speedup']:.3g}"
+            f"confirmation: {shown} at δ = {ni_margin} (delta {fc['delta']:+.4f}, "
+            f"CI [{fc['ci_low']:+.4f}, {fc['ci_high']:+.4f}], p {fc['p_noninf']:.3g})"
         )
-        return Verdict("PASS", setting, reasons, numbers, n_required=n_req)
-    shown = "shown inferior" if fc["ci_high"] < -ni_margin else "not shown non-inferior"
+        return Verdict("FAIL", setting, reasons, numbers, n_required=n_req)
     reasons.append(
-        f"confirmation: {shown} at δ = {ni_margin} (delta {fc['delta']:+.4f}, "
-        f"CI [{fc['ci_low']:+.4f}, {fc['ci_high']:+.4f}], p {fc['p_noninf']:.3g})"
+        f"confirmation: non-inferior at δ = {ni_margin} (delta {fc['delta']:+.4f}, "
+        f"CI [{fc['ci_low']:+.4f}, {fc['ci_high']:+.4f}], p {fc['p_noninf']:.3g}, "
+        f"{fc['n_items']} items)"
     )
-    return Verdict("FAIL", setting, reasons, numbers, n_required=n_req)
+    gain = (
+        f"modelled speed-up over the reference {_x(fc['speedup'])} "
+        f"[{_x(fc['speedup_ci_low'])}, {_x(fc['speedup_ci_high'])}] ({fc['speed_basis']})"
+    )
+    low = fc["speedup_ci_low"]
+    if low is not None and math.isfinite(low) and low > min_gain:
+        reasons.append(f"{gain}: its lower bound clears the minimum gain {min_gain:g}×")
+        return Verdict("PASS", setting, reasons, numbers, n_required=n_req)
+    reasons.append(
+        f"{gain}: not shown above the minimum gain {min_gain:g}×, so the relaxation "
+        "buys no speed here"
+    )
+    return Verdict("NO-GAIN", setting, reasons, numbers, n_required=n_req)
+
+
+def _x(value: float | None) -> str:
+    """A speed-up or τ for a reason line (``n/a`` when unknown)."""
+    return "n/a" if value is None or not math.isfinite(value) else f"{value:.3g}"
+
+
+def needed_items(
+    row: Mapping[str, Any], ni_margin: float, *, alpha: float = 0.05, power: float = 0.8
+) -> tuple[int, dict[str, Any]]:
+    """Items per split the confirmation test needs, sized for the test that is run.
+
+    ``row`` is a discovery :func:`frontier` row. One binary score per item: confirmation
+    runs Tango's score test (:func:`~relaxspec_audit.audit.accuracy.tango_noninferiority`),
+    so N is Tango's (:func:`~relaxspec_audit.audit.power.required_items_tango`) at the
+    planning discordance from discovery's discordant counts
+    (:func:`~relaxspec_audit.audit.power.planning_discordance`). Otherwise (continuous
+    scores, or several samples per item) it runs the paired t on item means, sized by
+    :func:`~relaxspec_audit.audit.power.required_items_mean` at :func:`planning_sd`.
+
+    Returns:
+        ``(n, plan)`` with ``plan = {"test", "planning_value", "note"}``.
+    """
+    from relaxspec_audit.audit import power as pw
+
+    n = int(row["n_items"] or 0)
+    tango = bool(row.get("binary")) and row.get("n10") is not None and row.get("n01") is not None
+    if tango:
+        psi, note = pw.planning_discordance(int(row["n10"]), int(row["n01"]), n)
+        n_req = pw.required_items_tango(psi, ni_margin, alpha=alpha, power=power)
+        return n_req, {"test": "Tango score test", "planning_value": psi, "note": note}
+    sd = planning_sd(row["sd_diff"], n, bool(row.get("binary")))
+    n_req = pw.required_items_mean(sd, ni_margin, alpha=alpha, power=power)
+    note = f"planning sd {sd:.3g} of item-mean differences"
+    return n_req, {"test": "paired t on item means", "planning_value": sd, "note": note}
 
 
 def assign_split(item_ids: Sequence[str], *, confirmation_share: float = 0.5) -> list[str]:

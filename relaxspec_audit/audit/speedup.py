@@ -28,7 +28,7 @@ import numpy as np
 import polars as pl
 
 from relaxspec_audit.audit.frames import CLUSTER, Frame, _draft_rows, _lazy
-from relaxspec_audit.audit.intervals import clustered_ratio
+from relaxspec_audit.audit.intervals import clustered_ratio, clustered_share
 from relaxspec_audit.audit.pairing import pair_requests
 from relaxspec_audit.collect.costs import CostTable, CostTableError
 from relaxspec_audit.verify.registry import TARGET_ONLY
@@ -48,7 +48,8 @@ def acceptance_by_position(
     """Acceptance rate per position in the block.
 
     ``accept_rate`` at position ``i`` is the share of rounds whose draft ``i`` was
-    accepted (``not_reached`` counts as not accepted), clustered CI (CR1);
+    accepted (``not_reached`` counts as not accepted), with the Korn–Graubard interval
+    of a clustered share (:func:`~relaxspec_audit.audit.intervals.clustered_share`);
     ``accept_rate_given_reached`` divides by the rounds that reached ``i``.
 
     Returns:
@@ -67,7 +68,9 @@ def acceptance_by_position(
         )
         .collect()
     )
-    res = clustered_ratio(pc, "_acc", "_n", by=[*by, "pos"], alpha=alpha)
+    # A share: Korn–Graubard's interval holds near 0 and 1, where positions late in the
+    # block sit (the clipped CR1 Wald interval collapses there).
+    res = clustered_share(pc, "_acc", "_n", by=[*by, "pos"], alpha=alpha)
     reached = pc.group_by([*by, "pos"]).agg(
         (pl.col("_acc").sum() / pl.col("_reached").sum()).alias("accept_rate_given_reached")
     )

@@ -43,10 +43,18 @@ from relaxspec_audit.audit.frames import (
     json_safe,
     nsd_theta,
 )
-from relaxspec_audit.audit.speedup import acceptance_by_position, paired_speedup, speed
+from relaxspec_audit.audit.select import PASS_COST, pass_cost, requests_speedup
+from relaxspec_audit.audit.speedup import (
+    acceptance_by_position,
+    modelled_speedup_paired,
+    paired_speedup,
+    speed,
+)
 
 #: Version of the JSON written by :func:`audit_summary` (docs/STATISTICS.md lists the keys).
-AUDIT_SCHEMA_VERSION = 2
+#: 3: ``speedup_vs_reference`` / ``speedup_vs_baseline`` are the modelled speed-ups (pass
+#: counts × cost table); the collection's wall clock moved to ``wall_speedup_vs_*``.
+AUDIT_SCHEMA_VERSION = 3
 
 
 # Columns audit_summary reads from rounds / requests (prompt_ids, text, … are skipped:
@@ -54,6 +62,43 @@ AUDIT_SCHEMA_VERSION = 2
 _ROUND_COLS = ("run_id", "request_id", "k", "accepted", "emitted", "draft_s", "verify_s")
 _REQUEST_COLS = ("run_id", "request_id", "item_id", "task", "split", "output_ids",
                  "output_sha256", "n_tokens", "target_passes", "wall_s", "score")  # fmt: skip
+
+
+def _modelled(
+    rel_req: pl.DataFrame,
+    rel: RunFrames,
+    ref_req: pl.DataFrame,
+    ref: RunFrames,
+    *,
+    alpha: float,
+    same_kind: bool,
+) -> dict[str, Any]:
+    """The modelled speed-up of one run over another (STATISTICS §7), JSON-ready.
+
+    With one manifest on each side, :func:`modelled_speedup_paired` (its cost tables, a
+    note when they differ). Without cost tables, two speculative runs of one pair and K
+    (``same_kind``: a relaxed run and its reference) still compare by tokens per pass, the
+    pass cost cancelling (``basis: passes``); across kinds of pass there is no estimate.
+    """
+    if len(rel.manifests) == 1 and len(ref.manifests) == 1:
+        row = modelled_speedup_paired(None, rel_req, rel.manifests[0], None, ref_req,
+                                      ref.manifests[0], alpha=alpha).row(0, named=True)  # fmt: skip
+        if row["speedup"] is not None:
+            return {**row, "basis": "cost table"}
+    out = requests_speedup(
+        _with_costs(rel_req, rel), _with_costs(ref_req, ref), alpha=alpha,
+        need_costs=not same_kind,
+    )  # fmt: skip
+    return out
+
+
+def _with_costs(requests: pl.DataFrame, frames: RunFrames) -> pl.DataFrame:
+    """``requests`` with each run's modelled cost of a target pass (null: no cost table)."""
+    costs = {m.get("run_id"): pass_cost(m) for m in frames.manifests}
+    if "run_id" not in requests.columns:
+        return requests.with_columns(pl.lit(None, pl.Float64).alias(PASS_COST))
+    cost = pl.col("run_id").replace_strict(costs, default=None, return_dtype=pl.Float64)
+    return requests.with_columns(cost.alias(PASS_COST))
 
 
 def _needed(frame: Frame, name: str, cols: Sequence[str]) -> pl.DataFrame:
@@ -149,7 +194,10 @@ def audit_summary(
     acc_pos = acceptance_by_position(pos, alpha=alpha) if has_pos else None
     s0: dict[str, Any] = {}
     if has_rounds:
-        s0 = speed(rounds, requests if requests.height else None, alpha=alpha).row(0, named=True)
+        # One run's own cost table models its speed over target-only decoding.
+        table = runs.manifests[0].get("cost_table") if len(runs.manifests) == 1 else None
+        s0 = speed(rounds, requests if requests.height else None, alpha=alpha,
+                   cost_table=table).row(0, named=True)  # fmt: skip
     rules = sorted(
         {str(m.get("config", {}).get("rule")) for m in runs.manifests if m.get("config")}
     )
@@ -181,7 +229,7 @@ def audit_summary(
         else [],
         "k_mean": s0.get("k_mean"),
         "verify_share": s0.get("verify_share"),
-        "draft_cost_ratio": s0.get("c"),
+        "draft_cost_ratio": s0.get("c"),  # measured (wall clock) draft/target step ratio
         "modelled_tau": s0.get("modelled_tau"),
         "modelled_speedup": s0.get("modelled_speedup"),
         "passes_per_token": s0.get("passes_per_token"),
@@ -227,12 +275,17 @@ def audit_summary(
                     "per_task": _records(acc, acc.columns),
                 }
             )
-        sp = paired_speedup(requests, ref_req, by=[], alpha=alpha).row(0, named=True)
+        sp = _modelled(requests, runs, ref_req, reference, alpha=alpha, same_kind=True)
         out["speedup_vs_reference"] = json_safe(sp)
+        wall = paired_speedup(requests, ref_req, by=[], alpha=alpha).row(0, named=True)
+        out["wall_speedup_vs_reference"] = json_safe(wall)
     if baseline is not None:
         base_req = _needed(baseline.requests, "baseline", _REQUEST_COLS)
-        sp = paired_speedup(requests, base_req, by=[], alpha=alpha).row(0, named=True)
+        # Target-only steps and speculative rounds cost differently: a cost table is needed.
+        sp = _modelled(requests, runs, base_req, baseline, alpha=alpha, same_kind=False)
         out["speedup_vs_baseline"] = json_safe(sp)
+        wall = paired_speedup(requests, base_req, by=[], alpha=alpha).row(0, named=True)
+        out["wall_speedup_vs_baseline"] = json_safe(wall)
     return json_safe(out)
 
 

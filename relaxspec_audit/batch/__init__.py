@@ -5,6 +5,7 @@
 the missing runs and renders every task's reports. The public API is re-exported here.
 """
 
+from relaxspec_audit.batch.calibration import calibrate_batch
 from relaxspec_audit.batch.config import (
     BATCH_PARAMETERS,
     BATCH_SCHEMA_VERSION,
@@ -49,6 +50,7 @@ __all__ = [
     "TaskPlan",
     "TaskResult",
     "bundled_config",
+    "calibrate_batch",
     "check_kernel",
     "collect_runs",
     "execute_notebook",

@@ -1,22 +1,27 @@
 """Batch runner: one validated config → collected runs → executed notebooks → ``reports/``.
 
 The recipe follows papermill's ``execute_notebook`` (STYLE "papermill"): load the config →
-validate *all* of it (``batch.config``) before any work → collect the runs that are missing
-(independent shards, in parallel up to ``jobs``; ``collect.run.collect`` resumes a run folder)
-→ execute each task's notebooks with papermill (``batch.notebooks``; a failing notebook is
-saved with its error and the batch goes on) → export HTML with code hidden, write
-``summary.json`` per task and ``index.html`` over all tasks (``report.py``).
+validate *all* of it (``batch.config``) before any work → calibrate one cost table per
+(pair, device, dtype, K, batch size) (``batch.calibration``; the modelled speed-up's costs)
+→ collect the runs that are missing (independent shards, in parallel up to ``jobs``;
+``collect.run.collect`` resumes a run folder) → per task, the paired timing pass when the
+config asks for one (``batch.timing``) → execute each task's notebooks with papermill
+(``batch.notebooks``; a failing notebook is saved with its error and the batch goes on) →
+export HTML with code hidden, write ``summary.json`` per task and ``index.html`` over all
+tasks (``report.py``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from relaxspec_audit.batch.calibration import calibrate_batch
 from relaxspec_audit.batch.config import BatchConfig, TaskPlan, load_config
 from relaxspec_audit.batch.notebooks import (
     KERNEL_NAME,
@@ -25,6 +30,7 @@ from relaxspec_audit.batch.notebooks import (
     execute_notebook,
     notebook_parameters,
 )
+from relaxspec_audit.batch.timing import time_task
 from relaxspec_audit.collect.config import TARGET_ONLY, RunConfig
 
 
@@ -59,10 +65,9 @@ class BatchResult:
         return all(t.ok for t in self.tasks)
 
 
-_PAIR_CACHE: dict[tuple, Any] = {}
-
-
-def _collect_one(config_json: str, runs_dir: str, threads: int) -> tuple[str, str | None]:
+def _collect_one(
+    config_json: str, runs_dir: str, threads: int, cost_table: Mapping[str, Any] | None = None
+) -> tuple[str, str | None]:
     """Collect one run (in a worker process); return (run folder, error or None)."""
     config = RunConfig.from_json(config_json)
     try:
@@ -71,19 +76,15 @@ def _collect_one(config_json: str, runs_dir: str, threads: int) -> tuple[str, st
         torch.set_num_threads(threads)  # share the cores between parallel shards
         from transformers.utils import logging as hf_logging
 
-        from relaxspec_audit.collect.pair import load_pair
+        from relaxspec_audit.batch.pairs import cached_pair
         from relaxspec_audit.collect.run import collect
 
         hf_logging.disable_progress_bar()  # the batch has its own bar over all runs
 
         draft = None if config.rule == TARGET_ONLY else config.draft
-        key = (config.target, draft, config.device, config.dtype)
-        if key not in _PAIR_CACHE:
-            # One pair in memory per process: consecutive runs of one model pair (the
-            # usual order of a config) load it once; a different pair replaces it.
-            _PAIR_CACHE.clear()
-            _PAIR_CACHE[key] = load_pair(config.target, draft, config.device, config.dtype)
-        path = collect(config, Path(runs_dir), resume=True, progress=None, pair=_PAIR_CACHE[key])
+        pair = cached_pair(config.target, draft, config.device, config.dtype)
+        path = collect(config, Path(runs_dir), resume=True, progress=None, pair=pair,
+                       cost_table=cost_table)  # fmt: skip
         return str(path), None
     except Exception as exc:
         return str(config.run_dir(runs_dir)), f"{type(exc).__name__}: {exc}"
@@ -95,6 +96,7 @@ def collect_runs(
     *,
     jobs: int = 1,
     on_done: Callable[[RunConfig, Path, str | None], None] | None = None,
+    cost_tables: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, tuple[Path, str | None]]:
     """Collect every run that is missing or unfinished, up to ``jobs`` in parallel.
 
@@ -108,6 +110,8 @@ def collect_runs(
         runs_dir: root of the run folders.
         jobs: parallel worker processes.
         on_done: called after each run with (config, run folder, error or None).
+        cost_tables: ``{config.to_json(): cost table dict}`` recorded in each run's
+            manifest (:func:`~relaxspec_audit.batch.calibration.calibrate_batch`).
 
     Returns:
         ``{config.to_json(): (run folder, error or None)}``.
@@ -123,17 +127,21 @@ def collect_runs(
         if on_done is not None:
             on_done(config, Path(path), error)
 
+    tables = dict(cost_tables or {})
     if jobs == 1 or len(configs) <= 1:
         for config in configs:
-            done(config, *_collect_one(config.to_json(), str(runs_dir), threads))
+            key = config.to_json()
+            done(config, *_collect_one(key, str(runs_dir), threads, tables.get(key)))
         return out
     import concurrent.futures as cf
     import multiprocessing as mp
 
     with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
         futures = {
-            pool.submit(_collect_one, c.to_json(), str(runs_dir), threads): c for c in configs
-        }
+            pool.submit(_collect_one, c.to_json(), str(runs_dir), threads,
+                        tables.get(c.to_json())): c
+            for c in configs
+        }  # fmt: skip
         for fut in cf.as_completed(futures):
             config = futures[fut]
             try:
@@ -181,14 +189,25 @@ def run_batch(
     report_dir = Path(out).resolve() / plan.name
     report_dir.mkdir(parents=True, exist_ok=True)
     all_runs = plan.all_runs()
-    total = len(all_runs) + len(plan.tasks) * len(plan.notebooks)
+    timed = [t for t in plan.tasks if t.timing]
+    total = 1 + len(all_runs) + len(timed) + len(plan.tasks) * len(plan.notebooks)
     bar = tqdm(total=total, desc=f"batch {plan.name}", unit="step", disable=not progress)
 
     def on_done(config: RunConfig, path: Path, error: str | None) -> None:
         bar.set_postfix_str(f"{config.task}/{config.rule}", refresh=False)
         bar.update(1)
 
-    collected = collect_runs(all_runs, runs_dir, jobs=jobs, on_done=on_done)
+    bar.set_postfix_str("calibrating costs", refresh=False)
+    try:
+        tables = calibrate_batch(all_runs, runs_dir)
+    except Exception as exc:
+        # The runs still collect and are judged against their references by pass counts;
+        # only the speed-up over target-only decoding needs the table (it shows as unknown).
+        warnings.warn(f"cost calibration failed, no cost tables: {type(exc).__name__}: {exc}",
+                      RuntimeWarning, stacklevel=2)  # fmt: skip
+        tables = {}
+    bar.update(1)
+    collected = collect_runs(all_runs, runs_dir, jobs=jobs, on_done=on_done, cost_tables=tables)
     results: list[TaskResult] = []
     for task in plan.tasks:
         task_dir = report_dir / task.slug
@@ -196,9 +215,17 @@ def run_batch(
         run_dirs = [collected[r.to_json()][0] for r in task.runs]
         errors = [
             f"collect {r.rule} {r.params or ''} split={r.split}: {collected[r.to_json()][1]}"
-            for r in task.runs
+            for r in task.all_runs()
             if collected[r.to_json()][1] is not None
         ]
+        if task.timing:
+            bar.set_postfix_str(f"{task.slug}/timing", refresh=False)
+            try:
+                if not errors:  # a family with a failed run has nothing whole to time
+                    time_task(task, runs_dir)
+            except Exception as exc:  # the report says so; the wall clock falls back
+                errors.append(f"timing pass: {type(exc).__name__}: {exc}")
+            bar.update(1)
         notebooks: list[NotebookResult] = []
         for name in plan.notebooks:
             bar.set_postfix_str(f"{task.slug}/{name}", refresh=False)
@@ -221,7 +248,7 @@ def run_batch(
         else:
             summary = report.task_summary(
                 runs_dir, task.task, run_dirs=run_dirs, batch=plan.name, errors=errors,
-                notebooks=entries, parameters=task.parameters,
+                notebooks=entries, parameters={"min_gain": task.min_gain, **task.parameters},
             )  # fmt: skip
         report.write_json(summary, summary_path)
         results.append(TaskResult(task.task, run_dirs, notebooks, summary_path, errors))
@@ -240,6 +267,8 @@ def _batch_parameters(
         "task": task.task,
         "numbers_path": str(task_dir / f"{name}.numbers.json"),
     }
+    if "min_gain" not in task.parameters:  # the task's `min_gain:` key
+        values["min_gain"] = task.min_gain
     return {k: v for k, v in values.items() if k in declared}
 
 

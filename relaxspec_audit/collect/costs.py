@@ -213,6 +213,22 @@ def stored(runs_dir: str | Path) -> list[CostTable]:
     return out
 
 
+def planned_batch_size(config: Any) -> int:
+    """The rows per pass the batched engine will use (its automatic choice when None)."""
+    from relaxspec_audit.collect.batched import AUTO_BATCH
+
+    if config.batch_size is not None:
+        return config.batch_size
+    device = "cuda" if config.device.startswith("cuda") else config.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    # Never more rows than requests (resolve_batch_size), when the limit is known.
+    b = AUTO_BATCH.get(device, 8)
+    return min(b, config.limit) if config.limit else b
+
+
 def find_or_calibrate(
     runs_dir: str | Path, pair: Any, k: int, batch_size: int, **calibrate_kw: Any
 ) -> CostTable:

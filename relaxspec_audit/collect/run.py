@@ -33,6 +33,7 @@ def collect(
     chunk_size: int = 16,
     allow_untokenized_draft: bool = False,
     cost_table: Mapping[str, Any] | None = None,
+    calibrate: bool = False,
 ) -> Path:
     """Decode every item of the config's task and write the run folder under ``out``.
 
@@ -57,6 +58,10 @@ def collect(
             vocabulary then cannot be checked against the target's).
         cost_table: a cost table (draft step, verify pass, target step; built by the
             calibration helper) stored as the manifest's ``cost_table``.
+        calibrate: without ``cost_table``, find or measure one for this pair, device,
+            dtype, K and batch size under ``out/costs/`` (after every input check, so bad
+            input writes nothing); a target-only run is calibrated with the config's
+            draft and K, the table its speculative runs carry.
 
     Returns:
         The run folder.
@@ -79,6 +84,8 @@ def collect(
     k = 0 if config.rule == TARGET_ONLY else config.k
     check_prompts_fit(pair, list(encoded.items()), config.max_new_tokens, k)
     samples = _sample_requests(task.items, config.samples_per_item)
+    if calibrate and cost_table is None:
+        cost_table = _calibrated(pair, config, out, allow_untokenized_draft)
     run_dir = config.run_dir(out)
     manifest = {
         "config": config.to_dict(),
@@ -144,6 +151,18 @@ def _sample_requests(items: Any, n: int) -> dict[str, Any]:
                 )
             out[rid] = item
     return out
+
+
+def _calibrated(
+    pair: Pair, config: RunConfig, out: str | Path, allow_untokenized_draft: bool
+) -> dict[str, Any]:
+    """The run's cost table from ``out/costs/`` (measured once when none matches)."""
+    from relaxspec_audit.collect.costs import find_or_calibrate, planned_batch_size
+
+    if pair.draft is None:  # target-only: price its steps in the table of its pair
+        pair = load_pair(config.target, config.draft, config.device, config.dtype,
+                         allow_untokenized_draft=allow_untokenized_draft)  # fmt: skip
+    return find_or_calibrate(out, pair, config.k, planned_batch_size(config)).to_dict()
 
 
 def _decoder(

@@ -39,7 +39,11 @@ def audit_table(
     Returns:
         A polars DataFrame, one row per (rule, setting, split), with columns ``rule,
         reference, knob, value, setting, split, is_reference, n_requests, tau,
-        speedup_vs_reference, speedup_ci_low, speedup_ci_high, speedup_vs_baseline,
+        speedup_vs_reference, speedup_ci_low, speedup_ci_high (modelled: pass counts × the
+        cost table), speed_basis, wall_speedup_vs_reference, wall_ci_low, wall_ci_high (the
+        collection's wall clock: load-dependent, for reference only), speedup_vs_baseline,
+        baseline_ci_low, baseline_ci_high (modelled, over target-only decoding),
+        wall_speedup_vs_baseline,
         accuracy_delta, delta_ci_low, delta_ci_high, p_noninferiority, noninferior,
         score, divergence, divergence_ci_low, divergence_ci_high, first_pos_median,
         eps_mean, bound, identical_rate, identical_ci_low, identical_ci_high, run_dir,
@@ -68,7 +72,9 @@ def audit_table(
         )  # fmt: skip
         acc = summary.get("accuracy_delta") or {}
         hd = summary.get("hash_divergence") or {}
-        sp = summary.get("speedup_vs_reference") or {}
+        sp = summary.get("speedup_vs_reference") or {}  # modelled: pass counts × cost table
+        wall = summary.get("wall_speedup_vs_reference") or {}
+        base = summary.get("speedup_vs_baseline") or {}
         # The (1 − ε)^T coupling bound is NSD's (THEORY §2.3): E_S is its deviation per step.
         dev = (summary.get("deviation") or {}) if rule == "nucleus" else {}
         ref_summary = None
@@ -94,7 +100,16 @@ def audit_table(
                 "speedup_vs_reference": 1.0 if is_ref else sp.get("speedup"),
                 "speedup_ci_low": 1.0 if is_ref else sp.get("ci_low"),
                 "speedup_ci_high": 1.0 if is_ref else sp.get("ci_high"),
-                "speedup_vs_baseline": (summary.get("speedup_vs_baseline") or {}).get("speedup"),
+                "speed_basis": None if is_ref else sp.get("basis"),
+                "wall_speedup_vs_reference": 1.0 if is_ref else wall.get("speedup"),
+                "wall_ci_low": 1.0 if is_ref else wall.get("ci_low"),
+                "wall_ci_high": 1.0 if is_ref else wall.get("ci_high"),
+                "speedup_vs_baseline": base.get("speedup"),
+                "baseline_ci_low": base.get("ci_low"),
+                "baseline_ci_high": base.get("ci_high"),
+                "wall_speedup_vs_baseline": (summary.get("wall_speedup_vs_baseline") or {}).get(
+                    "speedup"
+                ),
                 "accuracy_delta": 0.0 if is_ref and score is not None else acc.get("delta"),
                 "delta_ci_low": acc.get("ci_low"),
                 "delta_ci_high": acc.get("ci_high"),
@@ -120,7 +135,11 @@ def audit_table(
         "setting": pl.String, "split": pl.String, "is_reference": pl.Boolean,
         "n_requests": pl.Int64, "tau": pl.Float64, "tau_reference": pl.Float64,
         "speedup_vs_reference": pl.Float64, "speedup_ci_low": pl.Float64,
-        "speedup_ci_high": pl.Float64, "speedup_vs_baseline": pl.Float64,
+        "speedup_ci_high": pl.Float64, "speed_basis": pl.String,
+        "wall_speedup_vs_reference": pl.Float64, "wall_ci_low": pl.Float64,
+        "wall_ci_high": pl.Float64, "speedup_vs_baseline": pl.Float64,
+        "baseline_ci_low": pl.Float64, "baseline_ci_high": pl.Float64,
+        "wall_speedup_vs_baseline": pl.Float64,
         "accuracy_delta": pl.Float64, "delta_ci_low": pl.Float64, "delta_ci_high": pl.Float64,
         "p_noninferiority": pl.Float64, "noninferior": pl.Boolean, "score": pl.Float64,
         "divergence": pl.Float64, "divergence_ci_low": pl.Float64,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from relaxspec_audit.report.format import _now, _pct, _points, _speed
+from relaxspec_audit.report.format import _iv, _now, _pct, _points
 
 _CSS = """
 :root { --fg: #1f2328; --muted: #59636e; --line: #d1d9e0; --bg: #ffffff; --soft: #f6f8fa;
@@ -47,6 +47,7 @@ img { max-width: 100%; height: auto; }
          font-size: 0.85em; color: #fff; background: var(--muted); }
 .badge.PASS { background: var(--go); } .badge.FAIL { background: var(--nogo); }
 .badge.INCONCLUSIVE, .badge.failed { background: var(--warn); }
+.badge.NO-GAIN { background: #6e7781; }
 .muted { color: var(--muted); }
 .dataframe { font-size: 0.86em; }
 .output_html { overflow-x: auto; }
@@ -162,6 +163,9 @@ def write_index(report_dir: str | Path, summaries: Sequence[Mapping[str, Any]]) 
         for i, fam in enumerate(families):
             verdict = fam.get("verdict") or ("failed" if s.get("status") != "ok" else "–")
             conf = fam.get("confirmation") or {}
+            speed = fam.get("speed") or {}
+            wall = speed.get("wall_clock")
+            floor = fam.get("noise_floor") or {}
             cells = [
                 f'<td rowspan="{len(families)}"><b>{html.escape(s["task"])}</b><br>'
                 f'<span class="muted">{html.escape(s.get("status", "?"))}</span></td>'
@@ -178,9 +182,30 @@ def write_index(report_dir: str | Path, summaries: Sequence[Mapping[str, Any]]) 
                     else ""
                 )
                 + "</td>",
-                f'<td class="num">{_speed(conf) if conf else "–"}</td>',
+                f'<td class="num">{html.escape(_iv(speed.get("modelled")))}'
+                + (
+                    f'<br><span class="muted" title="{html.escape(wall["label"])}">wall clock '
+                    f"{html.escape(_iv(wall))}<br>({html.escape(wall.get('kind', ''))})</span>"
+                    if wall
+                    else ""
+                )
+                + "</td>",
+                f'<td class="num" title="{html.escape(speed.get("sentence", ""))}">'
+                f"{html.escape(_iv(speed.get('vs_target')))}"
+                + (
+                    '<br><span class="muted">speculation does not pay</span>'
+                    if ((speed.get("vs_target") or {}).get("ci_high") or 2.0) < 1.0
+                    else ""
+                )
+                + "</td>",
                 f'<td class="num">{_points(conf) if conf else "–"}</td>',
-                f'<td class="num">{_pct(conf.get("divergence"))}</td>',
+                f'<td class="num">{_pct(conf.get("divergence"))}'
+                + (
+                    f'<br><span class="muted">floor {html.escape(floor["short"])}</span>'
+                    if floor.get("short")
+                    else ""
+                )
+                + "</td>",
                 f'<td rowspan="{len(families)}">{links}</td>' if i == 0 else "",
             ]
             rows.append("<tr>" + "".join(cells) + "</tr>")
@@ -196,11 +221,17 @@ def write_index(report_dir: str | Path, summaries: Sequence[Mapping[str, Any]]) 
         f"{html.escape(str(meta.get('package_version', '?')))} · git "
         f"{html.escape(str(meta.get('git_commit') or '?')[:12])}</p>\n"
         "<p>One row per relaxed rule audited against its reference on the confirmation "
-        "split: the verdict, the chosen setting, the speed-up over the reference rule, the "
-        "accuracy delta in points with its confidence interval, and the share of requests "
-        "whose output differs from the reference (hash divergence).</p>\n"
+        "split: the verdict (PASS needs non-inferiority <em>and</em> a modelled speed-up "
+        "whose lower bound clears the minimum gain; NO-GAIN is non-inferior but not faster), "
+        "the chosen setting, the <b>modelled</b> speed-up over the reference rule (pass "
+        "counts × the measured cost table: the same logs always give the same number) with "
+        "the wall clock below it, labelled by how it was measured; the modelled speed-up "
+        "over target-only decoding; the accuracy delta in points with its confidence "
+        "interval; and the share of requests whose output differs from the reference, with "
+        "the noise floor the lossless decoder itself shows.</p>\n"
         "<table>\n<tr><th>task</th><th>rule</th><th>verdict</th><th>chosen</th>"
-        "<th>speed-up</th><th>accuracy Δ [CI]</th><th>divergence</th><th>reports</th></tr>\n"
+        "<th>speed-up vs reference (modelled) [CI]</th><th>vs target-only</th>"
+        "<th>accuracy Δ [CI]</th><th>divergence</th><th>reports</th></tr>\n"
         + "\n".join(rows)
         + "\n</table>\n"
         + (f"<h2>Errors</h2>\n<ul>{''.join(errors)}</ul>\n" if errors else "")

@@ -87,3 +87,13 @@ def _speed(row: Mapping[str, Any] | None) -> str:
     if row.get("speedup_ci_low") is not None and row.get("speedup_ci_high") is not None:
         s += f" [{row['speedup_ci_low']:.2f}, {row['speedup_ci_high']:.2f}]"
     return s
+
+
+def _iv(iv: Mapping[str, Any] | None) -> str:
+    """A speed-up interval dict (``speedup, ci_low, ci_high``) as ``1.23× [1.10, 1.40]``."""
+    if not iv or iv.get("speedup") is None:
+        return "–"
+    s = f"{iv['speedup']:.2f}×"
+    if iv.get("ci_low") is not None and iv.get("ci_high") is not None:
+        s += f" [{iv['ci_low']:.2f}, {iv['ci_high']:.2f}]"
+    return s

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from relaxspec_audit.report.format import _md, _pct, _points, _speed
+from relaxspec_audit.report.format import _iv, _md, _pct, _points, _speed
 
 
 def choices_markdown(choices: Sequence[Mapping[str, Any]]) -> str:
@@ -19,9 +19,9 @@ def choices_markdown(choices: Sequence[Mapping[str, Any]]) -> str:
     if not choices:
         return "_No relaxed rule among the runs: nothing to choose._"
     lines = [
-        "| rule | verdict | chosen | split | speed-up vs ref. [CI] | accuracy Δ [CI] "
-        "| non-inferior | divergence |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| rule | verdict | chosen | split | modelled speed-up vs ref. [CI] | τ "
+        "| accuracy Δ [CI] | non-inferior | divergence |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for c in choices:
         for split in ("discovery", "confirmation"):
@@ -29,7 +29,9 @@ def choices_markdown(choices: Sequence[Mapping[str, Any]]) -> str:
             lines.append(
                 f"| {_md(c['rule'])} vs {_md(c['reference'])} | **{_md(c['verdict'])}** "
                 f"| {_md(c.get('setting') or '–')} "
-                f"| {split} | {_speed(row)} | {_points(row)} "
+                f"| {split} | {_speed(row)} "
+                f"| {'–' if not row or row.get('tau') is None else format(row['tau'], '.2f')} "
+                f"| {_points(row)} "
                 f"| {'–' if not row else _md(row.get('noninferior'))} "
                 f"| {_pct(row.get('divergence')) if row else '–'} |"
             )
@@ -51,7 +53,9 @@ def signoff_markdown(summary: Mapping[str, Any]) -> str:
         "`summary.json` beside this page holds the same numbers.",
         "",
         f"Non-inferiority margin δ = {100 * summary['ni_margin']:g} points, "
-        f"{100 * (1 - summary['alpha']):g}% intervals. Status: **{_md(summary['status'])}**.",
+        f"{100 * (1 - summary['alpha']):g}% intervals, minimum gain "
+        f"{summary.get('min_gain', 1.0):g}× (modelled speed-up over the reference, lower "
+        f"bound). Status: **{_md(summary['status'])}**.",
     ]
     if not summary.get("families"):
         out += ["", "_No relaxed rule was audited for this task._"]
@@ -71,9 +75,31 @@ def signoff_markdown(summary: Mapping[str, Any]) -> str:
             )
         if fam.get("n_required"):
             out.append(f"- items per split needed for a powered decision: {_md(fam['n_required'])}")
-        out.append(f"- speed-up over {_md(fam['reference'])} (confirmation): {_speed(conf)}")
-        if conf and conf.get("speedup_vs_baseline") is not None:
-            out.append(f"- speed-up over target-only decoding: {conf['speedup_vs_baseline']:.2f}×")
+        speed = fam.get("speed") or {}
+        modelled = speed.get("modelled") or {}
+        basis = f", {_md(modelled['basis'])}" if modelled.get("basis") else ""
+        out.append(
+            f"- modelled speed-up over {_md(fam['reference'])} ({_md(speed.get('split', ''))}"
+            f"{basis}): {_iv(modelled)}"
+        )
+        if speed.get("wall_clock"):
+            wall = speed["wall_clock"]
+            out.append(f"- wall clock: {_iv(wall)} — {_md(wall['label'])}")
+        out.append(f"- over target-only decoding: {_iv(speed.get('vs_target'))} (modelled)")
+        if speed.get("sentence"):
+            out.append(f"- {_md(speed['sentence'])}")
+        floor = fam.get("noise_floor") or {}
+        if floor.get("sentence"):
+            out.append(f"- noise floor: {_md(floor['sentence'])}")
+        attribution = fam.get("attribution") or {}
+        if attribution.get("sentence"):
+            out.append(f"- where outputs changed: {_md(attribution['sentence'])}")
+        loglik = fam.get("loglik") or {}
+        if loglik.get("sentence"):
+            out.append(f"- likelihood: {_md(loglik['sentence'])}")
+        coupling = fam.get("coupling") or {}
+        if coupling.get("sentence"):
+            out.append(f"- coupling: {_md(coupling['sentence'])}")
         if conf and conf.get("tau") is not None:
             out.append(
                 f"- tokens per target pass τ: {conf['tau']:.2f} "

@@ -23,7 +23,8 @@ def validate_parameters(**params: Any) -> None:
 
     Known names: ``runs_dir`` (an existing folder with runs of ``task``), ``task``,
     ``ni_margin`` (the non-inferiority margin δ, a fraction of the score in [0, 1):
-    0.02 = 2 points), ``alpha`` (in (0, 1)), ``thetas`` (None: the runs' logged grid;
+    0.02 = 2 points), ``alpha`` (in (0, 1)), ``min_gain`` (≥ 0: the lower bound of the
+    modelled speed-up PASS needs), ``thetas`` (None: the runs' logged grid;
     else non-empty, each in (0, 1]), ``split`` / ``discovery`` / ``confirmation`` (a split
     name), ``numbers_path`` (str), ``collect`` (bool),
     ``limit`` / ``k`` / ``max_new_tokens`` (int ≥ 1), ``seed`` (int ≥ 0). Unknown names
@@ -55,6 +56,9 @@ def validate_parameters(**params: Any) -> None:
         elif name == "alpha":
             if not _number(value) or not 0 < value < 1:
                 bad(name, "must be in (0, 1)")
+        elif name == "min_gain":
+            if not _number(value) or value < 0:
+                bad(name, "must be a number >= 0 (the minimum modelled speed-up; 1.0 = faster)")
         elif name == "thetas":
             if value is None:  # the grid the runs logged E_S on
                 continue

@@ -319,7 +319,9 @@ def bound_vs_measured(table: Any) -> Any:
 def frontier(table: Any, ni_margin: float | None = None, chosen: Sequence[str] = ()) -> Any:
     """Speed vs fidelity of every setting (THEORY §3 "Choosing θ or a budget").
 
-    x: speed-up over the reference rule; y: accuracy delta in points with CI (or, for a
+    x: the modelled speed-up over the reference rule (pass counts × the cost table, a
+    function of the logs, so the same logs draw the same point); y: accuracy delta in
+    points with CI (or, for a
     task without a scorer, the share of requests whose output is identical to the
     reference). References sit at (1, 0). Settings in ``chosen`` are ringed.
 
@@ -368,7 +370,7 @@ def frontier(table: Any, ni_margin: float | None = None, chosen: Sequence[str] =
         ax.set_ylabel("accuracy delta vs reference (points, 95% CI)")
     else:
         ax.set_ylabel("outputs identical to the reference (%)")
-    ax.set_xlabel("speed-up over the reference rule (× wall-clock per token)")
+    ax.set_xlabel("modelled speed-up over the reference rule (×, pass counts × cost table)")
     ax.set_title("Speed vs fidelity frontier")
     ax.legend(fontsize=8)
     return fig

@@ -18,18 +18,24 @@ from relaxspec_audit.verify.registry import LOSSLESS, setting_label
 
 __all__ = ["LOSSLESS", "reference_rule", "runs_table", "setting_label"]
 
-# Config fields two runs must share to be compared request by request (THEORY §4 pairing).
-_PAIR_FIELDS = ("task", "split", "seed", "k", "temperature", "top_k", "top_p",
-                "max_new_tokens", "target", "draft")  # fmt: skip
+# Config fields two runs must share to be compared request by request (THEORY §4 pairing),
+# with the value a run written before the field existed stands for.
+_PAIR_FIELDS = {"task": None, "split": None, "seed": None, "k": None, "temperature": None,
+                "top_k": None, "top_p": None, "max_new_tokens": None, "target": None,
+                "draft": None, "samples_per_item": 1}  # fmt: skip
 
 
-def runs_table(runs_dir: str | Path, task: str | None = None) -> Any:
+def runs_table(runs_dir: str | Path, task: str | None = None, *, variants: bool = False) -> Any:
     """One row per run folder under ``runs_dir`` (optionally of one task), from manifests.
+
+    Replica runs (a config ``variant`` such as ``floor-b1`` or ``coupling``: the noise
+    floor's and the coupling estimate's extra runs) are left out unless ``variants``:
+    they repeat a main run's setting and must never be audited as one.
 
     Returns:
         A polars DataFrame with columns ``run_dir, run_id, task, rule, split, knob, value,
-        setting, temperature, seed, k, max_new_tokens, n_requests, status, params``
-        (``params`` as canonical JSON), sorted by rule, value and split.
+        setting, temperature, seed, k, max_new_tokens, n_requests, status, params,
+        variant`` (``params`` as canonical JSON), sorted by rule, value and split.
 
     Raises:
         LogError: ``runs_dir`` holds no run folder.
@@ -44,6 +50,8 @@ def runs_table(runs_dir: str | Path, task: str | None = None) -> Any:
         manifest = logs.read_manifest(run_dir)
         cfg = manifest.get("config", {})
         if task is not None and task_slug(str(cfg.get("task"))) != task_slug(task):
+            continue
+        if cfg.get("variant") and not variants:
             continue
         rule = str(cfg.get("rule"))
         spec = registry.RULES.get(rule)
@@ -68,14 +76,16 @@ def runs_table(runs_dir: str | Path, task: str | None = None) -> Any:
                 "n_requests": manifest.get("n_requests"),
                 "status": manifest.get("status"),
                 "params": json.dumps(registry.params_dict(params), sort_keys=True),
-                "_pair": json.dumps([cfg.get(f) for f in _PAIR_FIELDS]),
+                "variant": cfg.get("variant"),
+                "_pair": json.dumps([cfg.get(f, d) for f, d in _PAIR_FIELDS.items()]),
             }
         )
     schema = {
         "run_dir": pl.String, "run_id": pl.String, "task": pl.String, "rule": pl.String,
         "split": pl.String, "knob": pl.String, "value": pl.Float64, "setting": pl.String,
         "temperature": pl.Float64, "seed": pl.Int64, "k": pl.Int64, "max_new_tokens": pl.Int64,
-        "n_requests": pl.Int64, "status": pl.String, "params": pl.String, "_pair": pl.String,
+        "n_requests": pl.Int64, "status": pl.String, "params": pl.String,
+        "variant": pl.String, "_pair": pl.String,
     }  # fmt: skip
     df = pl.DataFrame(rows, schema=schema)
     return df.sort(["rule", "value", "split"], nulls_last=True)

@@ -15,14 +15,19 @@ from typing import Any
 
 from relaxspec_audit._compat import renamed_kwargs
 from relaxspec_audit.report.audits import audit_table
+from relaxspec_audit.report.coupling import coupling_facts
 from relaxspec_audit.report.format import _now
 from relaxspec_audit.report.jsonio import _jsonable
-from relaxspec_audit.report.runs import manifest_facts
+from relaxspec_audit.report.noise import attribution_facts, floor_facts, loglik_facts
+from relaxspec_audit.report.runs import manifest_facts, runs_table
+from relaxspec_audit.report.speed import speed_facts
 
 #: Name and version of the ``summary.json`` schema; bump the version on any rename,
 #: retype or removal of a field (adding fields is fine). See docs/REPORTS.md.
 SUMMARY_SCHEMA = "relaxspec_audit.summary"
-SUMMARY_SCHEMA_VERSION = 2
+#: 3: verdict ``NO-GAIN``; the rows' speed-ups are modelled (wall clock in ``wall_*``);
+#: per family ``speed``, ``noise_floor``, ``attribution``, ``loglik``, ``coupling``.
+SUMMARY_SCHEMA_VERSION = 3
 
 
 @renamed_kwargs(margin="ni_margin")
@@ -35,14 +40,17 @@ def recommend(
     discovery: str = "discovery",
     confirmation: str = "confirmation",
     min_items: int = 30,
+    min_gain: float = 1.0,
     table: Any = None,
+    timings: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Choose a setting per relaxed rule on ``discovery``, judge it on ``confirmation``.
 
     The choice and the verdict are ``select.recommend``'s (THEORY §3 "Choosing θ or a
     budget": the fastest setting non-inferior at ``ni_margin`` on discovery, re-tested on
-    the disjoint confirmation split, ``PASS`` / ``FAIL`` / ``INCONCLUSIVE``, never
-    ``PASS`` on fewer items than the power calculation asks for). This function gathers
+    the disjoint confirmation split, ``PASS`` / ``NO-GAIN`` / ``FAIL`` / ``INCONCLUSIVE``,
+    never ``PASS`` on fewer items than the power calculation asks for nor without a
+    modelled speed-up above ``min_gain``). This function gathers
     each relaxed rule's runs and its paired reference runs, and attaches the audit rows
     of the chosen setting (divergence, τ, the coupling bound, speed-up over target-only
     decoding) so that a report can show them beside the verdict. A task without a
@@ -57,14 +65,18 @@ def recommend(
         discovery: split the setting is chosen on.
         confirmation: split the choice is judged on.
         min_items: never certify on fewer confirmation items than this.
+        min_gain: PASS needs the modelled speed-up's lower bound above this.
         table: a precomputed :func:`audit_table` of both splits (else computed).
+        timings: paired timing-pass results keyed by ``(rule, setting label)``
+            (``{"speedup", "ci_low", "ci_high", "label"}``), shown as the wall clock.
 
     Returns:
         One dict per relaxed rule: ``rule, reference, knob, verdict`` (``PASS`` |
-        ``FAIL`` | ``INCONCLUSIVE``), ``chosen`` (the setting's parameters or None),
+        ``NO-GAIN`` | ``FAIL`` | ``INCONCLUSIVE``), ``chosen`` (the setting's parameters or None),
         ``setting`` (its label), ``shown_setting`` (the setting whose rows are shown: the
         chosen one, else the fastest on discovery), ``discovery`` / ``confirmation``
-        (its audit rows), ``frontier`` (discovery audit rows), ``reasons``, ``caveats``,
+        (its audit rows), ``frontier`` (discovery audit rows), ``speed``
+        (:func:`~relaxspec_audit.report.speed.speed_facts`), ``reasons``, ``caveats``,
         ``n_required`` and ``select`` (``Verdict.to_dict()``: the numbers behind it).
     """
     import polars as pl
@@ -74,6 +86,7 @@ def recommend(
 
     if table is None:
         table = audit_table(runs_dir, task, ni_margin=ni_margin, alpha=alpha)
+    runs = runs_table(runs_dir, task)
     out = []
     relaxed = table.filter(~pl.col("is_reference"))
     for rule in relaxed["rule"].unique(maintain_order=True).to_list():
@@ -93,11 +106,18 @@ def recommend(
         else:
             settings = select_mod.settings_frame([logs.read_manifest(d) for d in rel_dirs])
             requests = logs.scan(rel_dirs, "requests").collect().join(settings, on="run")
-            reference = logs.scan(ref_dirs, "requests").collect()
+            # The reference's own cost of a pass: the modelled speed-up compares the two.
+            ref_costs = select_mod.settings_frame([logs.read_manifest(d) for d in ref_dirs])
+            reference = (
+                logs.scan(ref_dirs, "requests")
+                .collect()
+                .join(ref_costs.select("run", select_mod.PASS_COST), on="run", how="left")
+            )
             try:
                 verdict = select_mod.recommend(
                     requests, reference, cols, ni_margin=ni_margin, alpha=alpha,
-                    min_items=min_items, discovery=discovery, confirmation=confirmation,
+                    min_items=min_items, min_gain=min_gain, discovery=discovery,
+                    confirmation=confirmation,
                 )  # fmt: skip
                 reasons = list(verdict.reasons)
             except ValueError as exc:
@@ -123,6 +143,29 @@ def recommend(
                     )
         disc = fam.filter(pl.col("split") == discovery).sort("value")
         status = verdict.status if verdict is not None else "INCONCLUSIVE"
+        # Speed facts of the shown setting: confirmation when it has them, else discovery.
+        split_shown = confirmation if rows[confirmation] else discovery
+        ref_row = _first(
+            table.filter(pl.col("is_reference") & (pl.col("rule") == fam["reference"][0])
+                         & (pl.col("split") == split_shown))
+        )  # fmt: skip
+        if timings is not None:
+            timing = timings.get((rule, shown))
+        else:
+            timing = _stored_timing(runs_dir, fam, table, discovery, shown, alpha)
+        speed = speed_facts(rows[split_shown], ref_row, timing)
+        speed["split"] = split_shown
+        disc_row = _first(fam.filter((pl.col("split") == discovery) & (pl.col("setting") == shown)))
+        coupling = _guarded(coupling_facts, runs_dir, disc_row, ni_margin=ni_margin, alpha=alpha)
+        # Fidelity evidence on the split the numbers are shown for.
+        shown_row = _first(fam.filter((pl.col("split") == split_shown)
+                                      & (pl.col("setting") == shown)))  # fmt: skip
+        floor = attribution = loglik = None
+        if shown_row is not None and shown_row.get("reference_dir"):
+            rel_dir, ref_dir = shown_row["run_dir"], shown_row["reference_dir"]
+            floor = _guarded(floor_facts, runs_dir, shown_row, runs, alpha=alpha)
+            attribution = _guarded(attribution_facts, rel_dir, ref_dir, rule, alpha=alpha)
+            loglik = _guarded(loglik_facts, rel_dir, ref_dir, alpha=alpha)
         out.append(
             _jsonable(
                 {
@@ -136,6 +179,11 @@ def recommend(
                     "discovery": rows[discovery],
                     "confirmation": rows[confirmation],
                     "frontier": [_public(r) for r in disc.iter_rows(named=True)],
+                    "speed": speed,
+                    "noise_floor": floor,
+                    "attribution": attribution,
+                    "loglik": loglik,
+                    "coupling": coupling,
                     "reasons": reasons,
                     "caveats": caveats,
                     "n_required": verdict.n_required if verdict is not None else None,
@@ -149,17 +197,54 @@ def recommend(
 def fastest_setting(rows: Any) -> str | None:
     """Label of the fastest setting among audit rows, as ``select._fastest`` ranks them.
 
-    By τ (a function of the logs); ties go to the larger accuracy delta, the smaller ε,
-    then the smaller setting value. Never by wall clock: equal logs show the same setting.
+    By the modelled speed-up over the reference, then τ (both functions of the logs); ties
+    go to the larger accuracy delta, the smaller ε, then the smaller setting value. Never
+    by wall clock: equal logs show the same setting.
     """
     if not rows.height:
         return None
     ranked = rows.sort(
-        ["tau", "accuracy_delta", "eps_mean", "value", "setting"],
-        descending=[True, True, False, False, False],
+        ["speedup_vs_reference", "tau", "accuracy_delta", "eps_mean", "value", "setting"],
+        descending=[True, True, True, False, False, False],
         nulls_last=True,
     )
     return ranked["setting"][0]
+
+
+def _guarded(fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+    """An evidence block beside the verdict; its failure is recorded, never fatal.
+
+    The verdict stands on the accuracy test and the modelled speed-up; the noise floor,
+    attribution and coupling blocks explain it, so a defect in one of them shows as that
+    block's ``error`` instead of losing the sign-off.
+    """
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}", "sentence": None}
+
+
+def _run_id(run_dir: str | None) -> str | None:
+    """The run id of a run folder (``…/run=<id>``)."""
+    name = Path(run_dir).name if run_dir else ""
+    return name.split("=", 1)[1] if name.startswith("run=") else None
+
+
+def _stored_timing(
+    runs_dir: str | Path, fam: Any, table: Any, split: str, setting: str | None, alpha: float
+) -> dict[str, Any] | None:
+    """The paired timing pass of ``setting`` on ``split`` against its reference, if stored."""
+    import polars as pl
+
+    from relaxspec_audit.report.speed import timing_for
+
+    row = _first(fam.filter((pl.col("split") == split) & (pl.col("setting") == setting)))
+    if row is None or row.get("reference_dir") is None:
+        return None
+    ref, cand = _run_id(row["reference_dir"]), _run_id(row["run_dir"])
+    if ref is None or cand is None:
+        return None
+    return timing_for(runs_dir, ref, cand, alpha=alpha)
 
 
 def _first(frame: Any) -> dict[str, Any] | None:
@@ -191,6 +276,7 @@ def task_summary(
     *,
     ni_margin: float = 0.02,
     alpha: float = 0.05,
+    min_gain: float = 1.0,
     batch: str | None = None,
     run_dirs: Sequence[str | Path] | None = None,
     errors: Sequence[str] = (),
@@ -205,6 +291,8 @@ def task_summary(
         task: task name (or JSONL path).
         ni_margin: non-inferiority margin δ (score units).
         alpha: 1 − confidence level.
+        min_gain: the minimum modelled speed-up over the reference that PASS needs (read
+            from ``parameters`` when given there).
         batch: batch name (None outside a batch).
         run_dirs: the runs the batch collected for this task (recorded, not required).
         errors: collection errors to record; any error makes ``status`` ``failed``.
@@ -232,11 +320,14 @@ def task_summary(
         parameters["ni_margin"] = parameters.pop("margin")
     ni_margin = float(parameters.get("ni_margin", ni_margin))
     alpha = float(parameters.get("alpha", alpha))
+    min_gain = float(parameters.get("min_gain", min_gain))
     errors = list(errors)
     families: list[dict[str, Any]] = []
     facts: dict[str, Any] = {}
     try:
-        families = recommend(runs_dir, task, ni_margin=ni_margin, alpha=alpha, table=table)
+        families = recommend(
+            runs_dir, task, ni_margin=ni_margin, alpha=alpha, min_gain=min_gain, table=table
+        )
         facts = manifest_facts(runs_dir, task)
     except Exception as exc:  # the summary must still be written, saying what failed
         errors.append(f"summary: {type(exc).__name__}: {exc}")
@@ -251,6 +342,7 @@ def task_summary(
         "status": "ok",
         "ni_margin": ni_margin,
         "alpha": alpha,
+        "min_gain": min_gain,
         "families": families,
         "manifest": facts,
         "n_runs": facts.get("n_runs"),
