@@ -8,6 +8,7 @@ working: ``select.frontier(...)``, ``select.recommend(...)`` → :class:`Verdict
 from __future__ import annotations
 
 from relaxspec_audit.audit.select import (
+    COST_TABLE,
     DEFAULT_MIN_GAIN,
     PASS_COST,
     Status,
@@ -26,6 +27,7 @@ from relaxspec_audit.audit.select import (
 )
 
 __all__ = [
+    "COST_TABLE",
     "DEFAULT_MIN_GAIN",
     "PASS_COST",
     "Status",

@@ -34,9 +34,10 @@ BASE = dict(limit=12, max_new_tokens=16, device="cpu", seed=0, batch_size=8)
 
 
 def test_floor_sentence_says_whether_the_floor_is_zero():
+    # 0 of 60 bounds the floor at 1 − 0.05^(1/60) = 4.87 %, it does not prove it zero.
     assert floor_sentence(0, 60) == (
         "0 of 60 items differ between greedy speculative and target-only decoding: "
-        "the noise floor is zero here."
+        "no noise floor was seen here (at most 4.9 % at 95 % confidence)."
     )
     assert floor_sentence(7, 60) == (
         "7 of 60 items (12 %) differ between greedy speculative and target-only decoding: "

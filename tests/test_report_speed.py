@@ -36,7 +36,7 @@ def test_speculation_sentence_says_when_it_does_not_pay():
 def test_speed_facts_prefer_the_paired_timing_pass_and_label_the_fallback():
     facts = speed_facts(ROW)
     assert facts["modelled"] == {"speedup": 1.4, "ci_low": 1.3, "ci_high": 1.5,
-                                 "basis": "cost table"}  # fmt: skip
+                                 "basis": "cost table", "note": None}  # fmt: skip
     assert facts["wall_clock"]["label"] == COLLECTION_LABEL
     assert facts["wall_clock"]["kind"] == "collection runs, unpaired"
     assert facts["sentence"].startswith("Speculation does not pay")

@@ -123,7 +123,7 @@ def test_settings_frame_and_assign_split():
         {"run_id": "b", "config": {"rule": "asd", "params": {"budget": 4, "gate": 0.25, "cap": 2}}},
     ]
     sf = sel.settings_frame(m)
-    assert sf.columns == ["run", "rule", "pass_cost", "budget", "gate", "cap"]
+    assert sf.columns == ["run", "rule", "pass_cost", "cost_table", "budget", "gate", "cap"]
     assert sf["pass_cost"].to_list() == [None, None]  # no cost table in these manifests
     assert sf["budget"].to_list() == [8, 4]
     ids = [f"item{i}" for i in range(2000)]
@@ -217,3 +217,23 @@ def test_pass_needs_a_modelled_gain_else_no_gain():
     assert v.status == "NO-GAIN"
     with pytest.raises(ValueError, match="min_gain"):
         sel.recommend(rel, ref, ["theta"], min_gain=-1.0)
+
+
+def test_pass_cost_refuses_a_table_of_another_k_and_notes_other_tables():
+    table = {"id": "t4", "k": 4, "draft_step_s": 0.001, "verify_s": 0.003, "target_step_s": 0.002}
+    run = {"run_id": "r", "config": {"rule": "exact", "k": 4}, "cost_table": table}
+    assert sel.pass_cost(run) == pytest.approx(4 * 0.001 + 0.003)
+    with pytest.raises(ValueError, match=r"config.k.*cost_table.k = 4"):
+        sel.pass_cost({**run, "config": {"rule": "exact", "k": 8}})
+    # Target-only decoding reads only the target step: any K of the table prices it.
+    assert sel.pass_cost({**run, "config": {"rule": "target", "k": 8}}) == 0.002
+    # The same counts priced by two tables: still compared, with a note naming both.
+    _, ref = _grid(100, {0.9: (0.0, 1.0)}, seed=8)
+    a = ref.with_columns(pl.lit(0.02).alias("pass_cost"), pl.lit("ta").alias("cost_table"))
+    b = ref.with_columns(pl.lit(0.01).alias("pass_cost"), pl.lit("tb").alias("cost_table"))
+    sp = sel.requests_speedup(a, b)
+    assert sp["speedup"] == pytest.approx(0.5) and "ta, tb" in sp["note"]
+    # Some rows priced, some not: never mixed; tokens per pass, with a note.
+    mixed = sel.requests_speedup(a, ref)
+    assert mixed["basis"] == "passes" and mixed["speedup"] == 1.0
+    assert "no cost table" in mixed["note"]

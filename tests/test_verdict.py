@@ -95,9 +95,10 @@ def test_noise_floor_and_attribution(signed):
     # also decoded at batch 1. On CPU fp32 the floor is zero (docs/STATISTICS.md).
     floor = fams["asd"]["noise_floor"]
     assert floor["greedy"]["n"] == 8 and floor["greedy"]["n_diverged"] == 0
-    assert floor["numeric"]["n"] == 4 and floor["numeric"]["n_diverged"] == 0
-    assert "zero here" in floor["sentence"]
-    assert fams["nucleus"]["noise_floor"]["numeric"]["n_flips"] == 0
+    (numeric,) = floor["numeric"]
+    assert numeric["variant"] == "floor-b1" and numeric["n"] == 4 and numeric["n_diverged"] == 0
+    assert "no noise floor was seen" in floor["sentence"]
+    assert fams["nucleus"]["noise_floor"]["numeric"][0]["n_flips"] == 0
     # Every first divergence of a relaxed run from its reference is at a relaxed decision.
     for rule, fam in fams.items():
         att = fam["attribution"]
@@ -119,3 +120,13 @@ def test_coupling_and_timing_records(signed):
         assert sorted(rec["order"][0]) == list(range(n))
     index = result.index.read_text()
     assert "modelled" in index and "paired timing pass" in index
+
+
+def test_replicas_stay_out_of_parent_scans(signed):
+    """`audit runs/` must not pool the noise-floor and coupling replicas with main runs."""
+    runs, _, _ = signed
+    main = logs.find_runs(runs)
+    every = logs.find_runs(runs, variants=True)
+    replicas = [d for d in every if logs.read_manifest(d)["config"].get("variant")]
+    assert replicas and set(main) == set(every) - set(replicas)
+    assert logs.find_runs(replicas[0]) == [replicas[0]]  # named directly: kept

@@ -111,6 +111,8 @@ def format_table(s: dict[str, Any]) -> str:
             m = s[key]
             basis = m.get("basis")
             kv(f"speed-up vs {label} (modelled, {basis})", f"{_fmt(m['speedup'])} {_ci(m)}")
+            if m.get("note"):
+                kv("  note", m["note"])
             w = s.get(f"wall_{key}")
             if w:
                 kv(f"speed-up vs {label} (wall clock)", f"{_fmt(w['speedup'])} {_ci(w)}")

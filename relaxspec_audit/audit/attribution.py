@@ -159,7 +159,9 @@ def attribution_summary(
     """Counts per attribution and the share of first divergences that are the rule's.
 
     ``share_rule = n_rule / n_diverged`` with a Wilson score interval (Wilson 1927;
-    statsmodels ``proportion_confint``): requests are the independent units. Also the
+    statsmodels ``proportion_confint``) when requests are the independent units, and the
+    Korn–Graubard interval clustered by item (``clustered_share``) when an item has
+    several diverged samples. Also the
     causes at the rule's divergences (e.g. ``{"accept_nucleus": 7}``).
 
     Args:
@@ -189,7 +191,16 @@ def attribution_summary(
         "ci_high": None,
         "causes": {str(c): int(k) for c, k in causes.iter_rows()},
     }
-    if n:
+    if n and "item_id" in attributed.columns and attributed["item_id"].is_duplicated().any():
+        # Several samples of one item diverge together: the item is the cluster.
+        from relaxspec_audit.audit.intervals import clustered_share
+
+        per_item = attributed.group_by("item_id").agg(
+            (pl.col("attribution") == "rule").sum().alias("_rule"), pl.len().alias("_n")
+        )
+        row = clustered_share(per_item, "_rule", "_n", alpha=alpha).row(0, named=True)
+        out.update(share_rule=counts["rule"] / n, ci_low=row["ci_low"], ci_high=row["ci_high"])
+    elif n:
         lo, hi = proportion_confint(counts["rule"], n, alpha=alpha, method="wilson")
         out.update(share_rule=counts["rule"] / n, ci_low=float(lo), ci_high=float(hi))
     return out

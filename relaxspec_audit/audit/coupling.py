@@ -58,7 +58,7 @@ def coupling_gain(
     (default ``audit.power.required_items_tango``, true Δ = 0). **Otherwise** (continuous
     scores, or several samples per item: the test is the paired t on item means) the
     measure is the sd ``s_d`` of the item differences ``d_i = s̄_i^rel − s̄_i^ref`` and the
-    items come from the one-sided paired t (``select.required_items``, or ``sizer``).
+    items come from the one-sided paired t (``power.required_items_mean``, or ``sizer``).
 
     A pilot with few or no discordant pairs does not show ψ ≈ 0: both designs are sized at
     the verdict's planning value (``select.needed_items``), for binary scores the upper
@@ -172,7 +172,7 @@ def coupling_gain(
         else:
             ratio = math.inf if m_i > 0 else float("nan")
         if sizer is None:
-            from relaxspec_audit.audit.select import required_items as sizer
+            from relaxspec_audit.audit.power import required_items_mean as sizer
     items_c = _size(sizer, plan_c, ni_margin, alpha, power)
     items_i = _size(sizer, plan_i, ni_margin, alpha, power)
     lo, hi = _bootstrap_ratio(x_c, x_i, tango, n_boot, alpha, seed)

@@ -282,9 +282,10 @@ def floor_sentence(
 ) -> str:
     """The noise floor in words (plain text).
 
-    Zero: "0 of 60 items differ between greedy speculative and target-only decoding: the
-    noise floor is zero here." Not zero: "7 of 60 items (12 %) differ between …: divergence
-    below this rate cannot be blamed on the relaxed rule."
+    Zero: "0 of 60 items differ between greedy speculative and target-only decoding: no
+    noise floor was seen here (at most 4.9 % at 95 % confidence)." Not zero: "7 of 60
+    items (12 %) differ between …: divergence below this rate cannot be blamed on the
+    relaxed rule."
 
     Args:
         n_diverged: paired units whose outputs differ.
@@ -301,7 +302,13 @@ def floor_sentence(
     if n == 0:
         return f"No paired {unit} between {compared}: the noise floor was not measured."
     if n_diverged == 0:
-        return f"0 of {n} {unit} differ between {compared}: the noise floor is zero here."
+        # 0 of n bounds the floor, it does not prove it zero: say how far (exact one-sided
+        # 95 % upper bound 1 − 0.05^(1/n), about 3/n, the "rule of three").
+        bound = 100.0 * (1.0 - 0.05 ** (1.0 / n))
+        return (
+            f"0 of {n} {unit} differ between {compared}: no noise floor was seen here "
+            f"(at most {bound:.2g} % at 95 % confidence)."
+        )
     pct = 100.0 * n_diverged / n
     share = f"{pct:.0f} %" if pct >= 1 else f"{pct:.1g} %"
     return (

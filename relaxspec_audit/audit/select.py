@@ -46,6 +46,8 @@ DEFAULT_MIN_GAIN = 1.0
 #: (``K·draft_step_s + verify_s``, or ``target_step_s`` for target-only decoding, from the
 #: run's cost table; :func:`settings_frame` adds it).
 PASS_COST = "pass_cost"
+#: Column with the id of the cost table that priced the run (null: none).
+COST_TABLE = "cost_table"
 
 
 @dataclass(frozen=True)
@@ -139,13 +141,21 @@ def pass_cost(manifest: Mapping[str, Any]) -> float | None:
     try:
         if cfg.get("rule") == TARGET_ONLY:
             return float(table["target_step_s"])
-        return int(cfg["k"]) * float(table["draft_step_s"]) + float(table["verify_s"])
+        k = int(cfg["k"])
+        cost = k * float(table["draft_step_s"]) + float(table["verify_s"])
     except (KeyError, TypeError, ValueError):
         return None
+    # verify_s was measured for a pass of the table's K + 1 tokens: another K is mispriced.
+    if table.get("k") is not None and int(table["k"]) != k:
+        raise ValueError(
+            f"config.k: run {manifest.get('run_id')} drafts K = {k} but its cost table "
+            f"{table.get('id')} was calibrated at cost_table.k = {table['k']}"
+        )
+    return cost
 
 
 def settings_frame(manifests: Sequence[Mapping[str, Any]]) -> pl.DataFrame:
-    """One row per run: ``run`` (run id), ``rule``, ``pass_cost`` and the resolved parameters.
+    """One row per run: ``run``, ``rule``, ``pass_cost``, ``cost_table`` and the resolved params.
 
     Join it to a ``requests`` scan on ``run`` (the hive key of ``logs.scan``) to get the
     setting columns :func:`frontier` groups by, and each run's modelled cost of a target
@@ -159,7 +169,9 @@ def settings_frame(manifests: Sequence[Mapping[str, Any]]) -> pl.DataFrame:
     for m in manifests:
         cfg = m.get("config", {})
         rule = cfg.get("rule")
-        row = {"run": m.get("run_id"), "rule": rule, PASS_COST: pass_cost(m)}
+        table = m.get("cost_table")
+        table_id = table.get("id") if isinstance(table, Mapping) else None
+        row = {"run": m.get("run_id"), "rule": rule, PASS_COST: pass_cost(m), COST_TABLE: table_id}
         if rule in RULES:
             row.update(params_dict(resolve_params(rule, cfg.get("params"))))
         rows.append(row)
@@ -170,7 +182,7 @@ def settings_frame(manifests: Sequence[Mapping[str, Any]]) -> pl.DataFrame:
         {k: float(v) if k in floats and v is not None else v for k, v in row.items()}
         for row in rows
     ]
-    return pl.DataFrame(rows, schema_overrides={PASS_COST: pl.Float64})
+    return pl.DataFrame(rows, schema_overrides={PASS_COST: pl.Float64, COST_TABLE: pl.String})
 
 
 def _with_item_key(frame: Frame, name: str) -> pl.DataFrame:
@@ -202,17 +214,40 @@ def requests_speedup(
     With ``need_costs`` (a comparison across kinds of pass, e.g. against target-only
     decoding, where the costs do not cancel) a missing cost table gives no estimate.
 
+    Runs priced by different cost tables (ids in ``cost_table``) are still compared, with
+    a ``note``; when only some rows carry a cost the comparison falls back to tokens per
+    pass, also with a note.
+
     Returns:
-        ``{"speedup", "ci_low", "ci_high", "n_pairs", "basis"}`` (``basis`` is
+        ``{"speedup", "ci_low", "ci_high", "n_pairs", "basis", "note"}`` (``basis`` is
         ``"cost table"``, ``"passes"`` or ``"no cost table"`` with null numbers).
     """
     from relaxspec_audit.audit.speedup import _paired_ratio_ci
 
-    costed = PASS_COST in rel.columns and PASS_COST in ref.columns
-    costed = costed and rel[PASS_COST].is_not_null().all() and ref[PASS_COST].is_not_null().all()
+    def has(df: pl.DataFrame) -> pl.Series:
+        return (
+            df[PASS_COST].is_not_null()
+            if PASS_COST in df.columns
+            else pl.repeat(False, df.height, eager=True)
+        )
+
+    n_costed = int(has(rel).sum() + has(ref).sum())
+    costed = n_costed == rel.height + ref.height
+    note = None
+    if not costed and n_costed:
+        # Some runs priced, some not (older logs pooled with new): never mix the two bases.
+        note = f"{rel.height + ref.height - n_costed} request(s) have no cost table"
     if need_costs and not costed:
         return {"speedup": None, "ci_low": None, "ci_high": None, "n_pairs": None,
-                "basis": "no cost table"}  # fmt: skip
+                "basis": "no cost table", "note": note}  # fmt: skip
+    if costed:
+        ids = set()
+        for df in (rel, ref):
+            if COST_TABLE in df.columns:
+                ids |= set(df[COST_TABLE].drop_nulls().unique().to_list())
+        if len(ids) > 1:
+            note = (f"priced by {len(ids)} different cost tables ({', '.join(sorted(ids))}): "
+                    "another device, dtype, K or batch size; compare with care")  # fmt: skip
     cols = ["target_passes", "n_tokens", *([PASS_COST] if costed else [])]
     pairs = pair_requests(rel, ref, cols, by=[])
 
@@ -223,7 +258,8 @@ def requests_speedup(
     tok = {s: pairs[f"n_tokens_{s}"].cast(pl.Float64).to_numpy() for s in ("ref", "rel")}
     est, lo, hi = _paired_ratio_ci(time("ref"), tok["ref"], time("rel"), tok["rel"], alpha)
     basis = "cost table" if costed else "passes"
-    return {"speedup": est, "ci_low": lo, "ci_high": hi, "n_pairs": pairs.height, "basis": basis}
+    return {"speedup": est, "ci_low": lo, "ci_high": hi, "n_pairs": pairs.height,
+            "basis": basis, "note": note}  # fmt: skip
 
 
 @renamed_kwargs(margin="ni_margin")
@@ -263,7 +299,7 @@ def frontier(
     Returns:
         Columns ``*setting_cols, n_items, delta, ci_low, ci_high, p_noninf, noninferior,
         sd_diff, binary, n10, n01, speedup, speedup_ci_low, speedup_ci_high, speed_basis,
-        wall_speedup, wall_ci_low, wall_ci_high, tau, pareto`` (and ``eps``); ``tau`` is
+        speed_note, wall_speedup, wall_ci_low, wall_ci_high, tau, pareto`` (and ``eps``); ``tau`` is
         tokens per target pass; ``n10``/``n01`` count discordant items (binary scores).
     """
     cols = list(setting_cols)
@@ -301,13 +337,14 @@ def frontier(
             speedup_ci_low=spd["ci_low"],
             speedup_ci_high=spd["ci_high"],
             speed_basis=spd["basis"],
+            speed_note=spd["note"],
             wall_speedup=wall["speedup"],
             wall_ci_low=wall["ci_low"],
             wall_ci_high=wall["ci_high"],
             tau=tau,
         )
         rows.append(row)
-    out = pl.DataFrame(rows)
+    out = pl.DataFrame(rows, schema_overrides={"speed_note": pl.String})
     s, d = out["speedup"].to_numpy(), out["delta"].to_numpy()
     dominated = [
         bool(np.any((s >= s[i]) & (d >= d[i]) & ((s > s[i]) | (d > d[i])))) for i in range(len(s))
@@ -457,6 +494,7 @@ def recommend(
             return Verdict("FAIL", None, reasons, numbers)
         best = _fastest(allowed.filter(pl.col("ci_high") >= -ni_margin), cols)
         n_req, plan = needed_items(best, ni_margin, alpha=alpha, power=power)
+        n_req = max(min_items, n_req)
         reasons.append(
             f"no setting shown non-inferior at δ = {ni_margin} on discovery "
             f"({n_disc} items); about {n_req} items per split are needed for power {power} "
@@ -509,6 +547,8 @@ def recommend(
         f"modelled speed-up over the reference {_x(fc['speedup'])} "
         f"[{_x(fc['speedup_ci_low'])}, {_x(fc['speedup_ci_high'])}] ({fc['speed_basis']})"
     )
+    if fc.get("speed_note"):
+        gain += f" — {fc['speed_note']}"
     low = fc["speedup_ci_low"]
     if low is not None and math.isfinite(low) and low > min_gain:
         reasons.append(f"{gain}: its lower bound clears the minimum gain {min_gain:g}×")

@@ -43,7 +43,7 @@ from relaxspec_audit.audit.frames import (
     json_safe,
     nsd_theta,
 )
-from relaxspec_audit.audit.select import PASS_COST, pass_cost, requests_speedup
+from relaxspec_audit.audit.select import COST_TABLE, PASS_COST, pass_cost, requests_speedup
 from relaxspec_audit.audit.speedup import (
     acceptance_by_position,
     modelled_speedup_paired,
@@ -84,7 +84,7 @@ def _modelled(
         row = modelled_speedup_paired(None, rel_req, rel.manifests[0], None, ref_req,
                                       ref.manifests[0], alpha=alpha).row(0, named=True)  # fmt: skip
         if row["speedup"] is not None:
-            return {**row, "basis": "cost table"}
+            return {**row, "basis": "cost table"}  # its note says when the tables differ
     out = requests_speedup(
         _with_costs(rel_req, rel), _with_costs(ref_req, ref), alpha=alpha,
         need_costs=not same_kind,
@@ -93,12 +93,18 @@ def _modelled(
 
 
 def _with_costs(requests: pl.DataFrame, frames: RunFrames) -> pl.DataFrame:
-    """``requests`` with each run's modelled cost of a target pass (null: no cost table)."""
+    """``requests`` with each run's cost of a target pass and its table id (null: none)."""
     costs = {m.get("run_id"): pass_cost(m) for m in frames.manifests}
+    ids = {m.get("run_id"): (m.get("cost_table") or {}).get("id") for m in frames.manifests}
     if "run_id" not in requests.columns:
-        return requests.with_columns(pl.lit(None, pl.Float64).alias(PASS_COST))
-    cost = pl.col("run_id").replace_strict(costs, default=None, return_dtype=pl.Float64)
-    return requests.with_columns(cost.alias(PASS_COST))
+        return requests.with_columns(
+            pl.lit(None, pl.Float64).alias(PASS_COST), pl.lit(None, pl.String).alias(COST_TABLE)
+        )
+    rid = pl.col("run_id")
+    return requests.with_columns(
+        rid.replace_strict(costs, default=None, return_dtype=pl.Float64).alias(PASS_COST),
+        rid.replace_strict(ids, default=None, return_dtype=pl.String).alias(COST_TABLE),
+    )
 
 
 def _needed(frame: Frame, name: str, cols: Sequence[str]) -> pl.DataFrame:

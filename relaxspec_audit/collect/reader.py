@@ -10,6 +10,7 @@ naming the file. Runs written before commit records are read *unverified*.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,8 +131,13 @@ def read_manifest(run_dir: str | Path) -> dict[str, Any]:
     return manifest
 
 
-def find_runs(paths: str | Path | Iterable[str | Path]) -> list[Path]:
+def find_runs(paths: str | Path | Iterable[str | Path], *, variants: bool = False) -> list[Path]:
     """Run folders given directly or found under parent folders, sorted, no duplicates.
+
+    Replica runs (a config ``variant``: a batch's noise-floor and coupling runs) found
+    under a parent folder are left out unless ``variants``: they repeat a main run's
+    setting on another batch size, dtype or seed, and pooling them with the main runs
+    would count those items twice. A replica named directly is always kept.
 
     Raises:
         LogError: a path that does not exist or holds no run folder (named).
@@ -148,8 +154,17 @@ def find_runs(paths: str | Path | Iterable[str | Path]) -> list[Path]:
         found = sorted(m.parent for m in path.rglob(MANIFEST))
         if not found:
             raise LogError(f"{path}: not a run folder and holds none (no {MANIFEST} below it)")
-        runs.extend(found)
+        runs.extend(r for r in found if variants or not _is_replica(r))
     return sorted(dict.fromkeys(p.resolve() for p in runs))
+
+
+def _is_replica(run_dir: Path) -> bool:
+    """Whether a run folder's manifest names a replica ``variant``."""
+    try:
+        config = json.loads((run_dir / MANIFEST).read_text()).get("config") or {}
+    except (OSError, ValueError):
+        return False  # unreadable: verification on read names the problem
+    return bool(config.get("variant"))
 
 
 def scan(paths: str | Path | Iterable[str | Path], table: str, verify: bool = True) -> pl.LazyFrame:

@@ -74,7 +74,10 @@ def attribution_facts(rel_dir: str, ref_dir: str, rule: str, *, alpha: float) ->
     # typical and fuzzy resample from their own residual: their recoveries are the rule's.
     att = attribute_divergence(logs.scan([rel_dir], "positions"), rel_req, ref_req, by=[],
                                rule_recovery=rule in ("typical", "fuzzy"))  # fmt: skip
-    out = attribution_summary(att, n_pairs=rel_req.height, alpha=alpha)
+    from relaxspec_audit.audit.pairing import pair_requests
+
+    n_pairs = pair_requests(rel_req, ref_req, ["n_tokens"], by=[]).height
+    out = attribution_summary(att, n_pairs=n_pairs, alpha=alpha)
     n, counts = out["n_diverged"], out["counts"]
     if n == 0:
         out["sentence"] = "no output differs from the reference: nothing to attribute."
@@ -119,14 +122,15 @@ def floor_facts(
         alpha: 1 − confidence level.
 
     Returns:
-        ``{"greedy": {...} | None, "numeric": {...} | None, "sentence", "short"}``.
+        ``{"greedy": {...} | None, "numeric": [{variant, ...}, ...], "sentence", "short"}``
+        (one numeric block per ``noise_floor`` replica of the reference).
     """
     import polars as pl
 
     from relaxspec_audit.report.runs import _baseline, runs_table
 
     ref_dir = row.get("reference_dir")
-    out: dict[str, Any] = {"greedy": None, "numeric": None}
+    out: dict[str, Any] = {"greedy": None, "numeric": []}
     main = table.filter(pl.col("run_dir") == ref_dir)
     ref = main.row(0, named=True) if main.height else None
     if ref is not None and ref["rule"] == "greedy":
@@ -135,27 +139,20 @@ def floor_facts(
         if hit is not None and hit.height and hit["temperature"][0] == 0:
             out["greedy"] = greedy_floor_facts(ref_dir, base, alpha=alpha)
     if ref is not None:
-        # The replica decodes the reference on its own split (discovery) with one thing
-        # changed; it is compared with the main reference run of that split.
+        # Each replica decodes the reference on its own split (discovery) with one thing
+        # changed (batch size or dtype); its twin is the main run of that rule with the
+        # same items, seed and sampling (the `_pair` key), whatever the shown split.
         every = runs_table(runs_dir, ref["task"], variants=True)
-        replica = every.filter(
-            pl.col("variant").str.starts_with("floor-")
-            & (pl.col("rule") == ref["rule"])
-            & (pl.col("seed") == ref["seed"])
-            & (pl.col("temperature") == ref["temperature"])
+        replicas = every.filter(
+            pl.col("variant").str.starts_with("floor-") & (pl.col("rule") == ref["rule"])
         )
-        if replica.height:
-            rep = replica.row(0, named=True)
-            twin = table.filter(
-                (pl.col("rule") == rep["rule"])
-                & pl.col("split").eq_missing(rep["split"])
-                & (pl.col("seed") == rep["seed"])
-                & (pl.col("temperature") == rep["temperature"])
-            )
+        for rep in replicas.iter_rows(named=True):
+            twin = table.filter((pl.col("rule") == rep["rule"]) & (pl.col("_pair") == rep["_pair"]))
             if twin.height:
-                out["numeric"] = numeric_floor_facts(twin["run_dir"][0], rep["run_dir"],
-                                                     alpha=alpha)  # fmt: skip
-    parts = [b["sentence"] for b in (out["greedy"], out["numeric"]) if b]
+                block = numeric_floor_facts(twin["run_dir"][0], rep["run_dir"], alpha=alpha)
+                out["numeric"].append({"variant": rep["variant"], **block})
+    blocks = [b for b in (out["greedy"], *out["numeric"]) if b]
+    parts = [b["sentence"] for b in blocks]
     out["sentence"] = (
         " ".join(parts)
         if parts
@@ -164,6 +161,6 @@ def floor_facts(
             "for this reference"
         )
     )
-    shorts = [f"{b['n_diverged']}/{b['n']}" for b in (out["greedy"], out["numeric"]) if b]
+    shorts = [f"{b['n_diverged']}/{b['n']}" for b in blocks]
     out["short"] = " · ".join(shorts) if shorts else None
     return out

@@ -46,7 +46,7 @@ def runs_table(runs_dir: str | Path, task: str | None = None, *, variants: bool 
     from relaxspec_audit.collect.config import task_slug
 
     rows = []
-    for run_dir in logs.find_runs(runs_dir):
+    for run_dir in logs.find_runs(runs_dir, variants=variants):
         manifest = logs.read_manifest(run_dir)
         cfg = manifest.get("config", {})
         if task is not None and task_slug(str(cfg.get("task"))) != task_slug(task):

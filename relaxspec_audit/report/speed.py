@@ -54,6 +54,7 @@ def speed_facts(
         row.get("speedup_vs_reference"), row.get("speedup_ci_low"), row.get("speedup_ci_high")
     )
     modelled["basis"] = row.get("speed_basis")
+    modelled["note"] = row.get("speed_note")
     vs_target = None
     if _num(row.get("speedup_vs_baseline")) is not None:
         vs_target = _interval(
@@ -69,7 +70,7 @@ def speed_facts(
     if timing is not None and _num(timing.get("speedup")) is not None:
         wall = _interval(timing["speedup"], timing.get("ci_low"), timing.get("ci_high"))
         wall["label"] = str(timing.get("label") or "wall clock, paired timing pass")
-        wall["kind"] = "paired timing pass"
+        wall["kind"] = "paired timing pass"  # on a sample of the discovery items
     elif _num(row.get("wall_speedup_vs_reference")) is not None:
         wall = _interval(row["wall_speedup_vs_reference"], row.get("wall_ci_low"),
                          row.get("wall_ci_high"))  # fmt: skip

@@ -108,11 +108,8 @@ def recommend(
             requests = logs.scan(rel_dirs, "requests").collect().join(settings, on="run")
             # The reference's own cost of a pass: the modelled speed-up compares the two.
             ref_costs = select_mod.settings_frame([logs.read_manifest(d) for d in ref_dirs])
-            reference = (
-                logs.scan(ref_dirs, "requests")
-                .collect()
-                .join(ref_costs.select("run", select_mod.PASS_COST), on="run", how="left")
-            )
+            costs = ref_costs.select("run", select_mod.PASS_COST, select_mod.COST_TABLE)
+            reference = logs.scan(ref_dirs, "requests").collect().join(costs, on="run", how="left")
             try:
                 verdict = select_mod.recommend(
                     requests, reference, cols, ni_margin=ni_margin, alpha=alpha,
@@ -244,7 +241,10 @@ def _stored_timing(
     ref, cand = _run_id(row["reference_dir"]), _run_id(row["run_dir"])
     if ref is None or cand is None:
         return None
-    return timing_for(runs_dir, ref, cand, alpha=alpha)
+    timing = timing_for(runs_dir, ref, cand, alpha=alpha)
+    if timing is not None:  # the modelled numbers beside it may be another split's
+        timing["label"] += f" (the {split} runs)"
+    return timing
 
 
 def _first(frame: Any) -> dict[str, Any] | None:
