@@ -130,3 +130,16 @@ def test_replicas_stay_out_of_parent_scans(signed):
     replicas = [d for d in every if logs.read_manifest(d)["config"].get("variant")]
     assert replicas and set(main) == set(every) - set(replicas)
     assert logs.find_runs(replicas[0]) == [replicas[0]]  # named directly: kept
+
+
+def test_divergence_pages_are_linked_from_the_index_and_the_signoff(signed):
+    _, result, summary = signed
+    (task,) = result.tasks
+    task_dir = task.summary_path.parent
+    for fam in summary["families"]:
+        page = fam["divergence_html"]
+        assert page == f"divergence-{fam['rule']}.html"
+        text = (task_dir / page).read_text()
+        assert "<script" not in text.lower() and "shape: (" not in text
+        assert f'href="{page}"' in (task_dir / "signoff.html").read_text()
+        assert f"{task_dir.name}/{page}" in result.index.read_text()

@@ -10,7 +10,7 @@ so the notebooks see this package.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,6 +105,7 @@ def execute_notebook(
     *,
     kernel_name: str = KERNEL_NAME,
     cwd: str | Path | None = None,
+    links: Sequence[tuple[str, str]] = (),
 ) -> NotebookResult:
     """Execute one notebook with papermill and export it to HTML with code hidden.
 
@@ -119,6 +120,8 @@ def execute_notebook(
         kernel_name: Jupyter kernel (default: ipykernel's native ``python3``, i.e. the
             interpreter running this function).
         cwd: working directory of the kernel.
+        links: extra ``(label, href)`` pairs for the page's navigation bar (e.g. the
+            task's divergence pages).
 
     Returns:
         The :class:`NotebookResult`.
@@ -160,7 +163,8 @@ def execute_notebook(
         error = f"{type(exc).__name__}: {exc}"
     html: Path | None = out_dir / f"{name}.html"
     try:
-        report.export_html(ipynb, html, title=f"{name.replace('_', ' ')} · {out_dir.name}")
+        report.export_html(ipynb, html, title=f"{name.replace('_', ' ')} · {out_dir.name}",
+                           links=links)  # fmt: skip
     except Exception as exc:
         html = None
         error = error or f"{type(exc).__name__}: {exc}"

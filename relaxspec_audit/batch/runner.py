@@ -5,7 +5,8 @@ validate *all* of it (``batch.config``) before any work → calibrate one cost t
 (pair, device, dtype, K, batch size) (``batch.calibration``; the modelled speed-up's costs)
 → collect the runs that are missing (independent shards, in parallel up to ``jobs``;
 ``collect.run.collect`` resumes a run folder) → per task, the paired timing pass when the
-config asks for one (``batch.timing``) → execute each task's notebooks with papermill
+config asks for one (``batch.timing``) and a divergence explorer page per relaxed rule
+(``report.explorer``) → execute each task's notebooks with papermill
 (``batch.notebooks``; a failing notebook is saved with its error and the batch goes on) →
 export HTML with code hidden, write ``summary.json`` per task and ``index.html`` over all
 tasks (``report.py``).
@@ -226,15 +227,18 @@ def run_batch(
             except Exception as exc:  # the report says so; the wall clock falls back
                 errors.append(f"timing pass: {type(exc).__name__}: {exc}")
             bar.update(1)
+        pages = _divergence_pages(task, runs_dir, task_dir) if not errors else {}
+        nav = [(f"divergences: {rule}", page) for rule, page in pages.items()]
         notebooks: list[NotebookResult] = []
         for name in plan.notebooks:
             bar.set_postfix_str(f"{task.slug}/{name}", refresh=False)
             declared = notebook_parameters(name)
             params = {k: v for k, v in task.parameters.items() if k in declared}
             params |= _batch_parameters(declared, runs_dir, task, task_dir, name)
-            notebooks.append(
-                execute_notebook(name, task_dir, params, kernel_name=kernel_name, cwd=task_dir)
+            result = execute_notebook(
+                name, task_dir, params, kernel_name=kernel_name, cwd=task_dir, links=nav
             )
+            notebooks.append(result)
             bar.update(1)
         summary_path = task_dir / "summary.json"
         entries = [_nb_entry(nb, task_dir) for nb in notebooks]
@@ -250,6 +254,8 @@ def run_batch(
                 runs_dir, task.task, run_dirs=run_dirs, batch=plan.name, errors=errors,
                 notebooks=entries, parameters={"min_gain": task.min_gain, **task.parameters},
             )  # fmt: skip
+        for fam in summary.get("families", []):
+            fam["divergence_html"] = pages.get(fam.get("rule"))
         report.write_json(summary, summary_path)
         results.append(TaskResult(task.task, run_dirs, notebooks, summary_path, errors))
     bar.close()
@@ -257,6 +263,35 @@ def run_batch(
         report_dir, [json.loads(r.summary_path.read_text()) for r in results]
     )
     return BatchResult(name=plan.name, report_dir=report_dir, index=index, tasks=results)
+
+
+def _divergence_pages(task: TaskPlan, runs_dir: Path, task_dir: Path) -> dict[str, str]:
+    """One divergence explorer page per relaxed rule of the task: ``{rule: file name}``.
+
+    Built from the logs before the notebooks run, so that every report page links them.
+    The confirmation split when the task has one (where the verdict is judged), else its
+    first split. A rule the page cannot be built for is left out (the sign-off still
+    shows its divergence numbers).
+    """
+    from relaxspec_audit.report import explorer
+    from relaxspec_audit.verify.registry import RULES
+
+    splits = [r.split for r in task.runs]
+    split = "confirmation" if "confirmation" in splits else (splits[0] if splits else None)
+    rules = dict.fromkeys(
+        r.rule for r in task.runs if r.rule in RULES and not RULES[r.rule].lossless
+    )
+    pages = {}
+    for rule in rules:
+        name = f"divergence-{rule}.html"
+        try:
+            explorer.divergence_page(runs_dir, task.task, rule, task_dir / name, split=split,
+                                     links=[("sign-off", "signoff.html")])  # fmt: skip
+        except ValueError as exc:
+            warnings.warn(f"{task.slug}: no divergence page for {rule}: {exc}", stacklevel=2)
+            continue
+        pages[rule] = name
+    return pages
 
 
 def _batch_parameters(

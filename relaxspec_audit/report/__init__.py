@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from relaxspec_audit.report.audits import _mean_score as _mean_score
 from relaxspec_audit.report.audits import audit_table, first_divergences
+from relaxspec_audit.report.explorer import divergence_page, request_view
 from relaxspec_audit.report.export import _CSS as _CSS
 from relaxspec_audit.report.export import _page as _page
 from relaxspec_audit.report.export import export_html, write_index
@@ -65,6 +66,7 @@ __all__ = [
     "SUMMARY_SCHEMA_VERSION",
     "audit_table",
     "choices_markdown",
+    "divergence_page",
     "export_html",
     "finish_summary",
     "first_divergences",
@@ -73,6 +75,7 @@ __all__ = [
     "manifest_markdown",
     "recommend",
     "reference_rule",
+    "request_view",
     "run_dirs",
     "runs_overview",
     "runs_table",

@@ -172,7 +172,13 @@ def write_index(report_dir: str | Path, summaries: Sequence[Mapping[str, Any]]) 
                 if i == 0
                 else "",
                 f"<td>{html.escape(fam.get('rule', '–'))} vs "
-                f"{html.escape(fam.get('reference', '–'))}</td>",
+                f"{html.escape(fam.get('reference', '–'))}"
+                + (
+                    f'<br><a href="{_href(task, fam["divergence_html"])}">divergences</a>'
+                    if fam.get("divergence_html")
+                    else ""
+                )
+                + "</td>",
                 f'<td><span class="badge {html.escape(str(verdict))}">'
                 f"{html.escape(str(verdict))}</span></td>",
                 f"<td>{html.escape(fam.get('setting') or '–')}"
