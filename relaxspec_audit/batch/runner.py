@@ -285,8 +285,9 @@ def _divergence_pages(task: TaskPlan, runs_dir: Path, task_dir: Path) -> dict[st
     for rule in rules:
         name = f"divergence-{rule}.html"
         try:
+            nav = [("index", "../index.html"), ("sign-off", "signoff.html")]
             explorer.divergence_page(runs_dir, task.task, rule, task_dir / name, split=split,
-                                     links=[("sign-off", "signoff.html")])  # fmt: skip
+                                     links=nav)  # fmt: skip
         except ValueError as exc:
             warnings.warn(f"{task.slug}: no divergence page for {rule}: {exc}", stacklevel=2)
             continue
