@@ -231,6 +231,9 @@ def test_choose_setting_and_signoff_numbers(rendered, expected_audit):
     assert [(f["rule"], f["verdict"], f["chosen"]) for f in summary["families"]] == [
         (c["rule"], c["verdict"], c["chosen"]) for c in expected
     ]
+    # summary.json is the sign-off's numbers plus the batch's links to its explorer pages.
+    links = [f.pop("divergence_html") for f in summary["families"]]
+    assert all(link is None or link.startswith("divergence-") for link in links)
     assert signoff["families"] == summary["families"]
     # The sign-off states the manifest facts.
     facts = summary["manifest"]
