@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test lint venv bench models real real-test clean-venv
+.PHONY: demo test lint venv bench models real real-test lab clean-venv
 
 venv: $(STAMP)
 
@@ -47,6 +47,13 @@ real: $(STAMP)
 
 real-test: $(STAMP)
 	$(BIN)/python -m pytest -q -m real tests/test_real.py
+
+# JupyterLab on the notebooks (the `lab` extra, installed into .venv on first use). The
+# notebooks' runs_dir = "runs" finds the repository's runs/ from notebooks/ too
+# (report.parameters.resolve_runs_dir).
+lab: $(STAMP)
+	$(BIN)/python -c "import jupyterlab" 2>/dev/null || $(BIN)/python -m pip install -q -e ".[lab]"
+	$(BIN)/jupyter lab --ServerApp.root_dir=notebooks
 
 clean-venv:
 	rm -rf $(VENV)

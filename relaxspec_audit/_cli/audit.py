@@ -1,14 +1,45 @@
-"""``relaxspec-audit audit``: audit statistics of run folders, as JSON or a table.
+"""``relaxspec-audit audit``: audit statistics of run folders, as text, JSON, CSV or markdown.
 
 The statistics are computed by :func:`relaxspec_audit.stats.audit_summary` (the same
-function notebooks and the batch runner call); this module only parses and prints.
+function notebooks and the batch runner call); this module parses, refuses a selection
+that mixes settings (``report.runs.check_one_setting``) and prints.
 """
 
 from __future__ import annotations
 
+import glob
+from pathlib import Path
 from typing import Any
 
 import click
+
+#: Output formats of ``--format`` (``--json`` is the old spelling of ``--format json``).
+FORMATS = ("text", "json", "csv", "md")
+
+
+def _folders(ctx: click.Context, param: click.Parameter, values: Any):
+    """Run folders from paths or glob patterns, each pattern expanded as a shell would.
+
+    A quoted pattern (``--reference 'runs/task=arith/rule=exact/run=*'``) is expanded
+    here, so that all its matches stay with the option that named them instead of the
+    shell spilling the extra matches into RUN_DIRS.
+    """
+    if values is None:
+        return ()
+    out: list[str] = []
+    for value in (values,) if isinstance(values, str) else values:
+        if Path(value).is_dir():
+            out.append(value)
+            continue
+        if Path(value).exists():
+            raise click.BadParameter(f"{value!r} is not a folder", ctx, param)
+        if not glob.has_magic(value):
+            raise click.BadParameter(f"folder {value!r} does not exist", ctx, param)
+        matches = sorted(m for m in glob.glob(value) if Path(m).is_dir())
+        if not matches:
+            raise click.BadParameter(f"no folder matches {value!r}", ctx, param)
+        out.extend(matches)
+    return tuple(out)
 
 
 def _theta_grid(ctx: click.Context, param: click.Parameter, value: str | None):
@@ -78,8 +109,18 @@ def format_table(s: dict[str, Any]) -> str:
         lines.append(f"  {key:<28} {value}")
 
     lines.append(f"relaxspec-audit summary (schema {s['schema_version']})")
+    kv("task", s.get("task") or ", ".join(s.get("tasks") or []) or "–")
+    rule = s.get("rule") or {}
+    kv("setting", rule.get("label") or ", ".join(s.get("rules", [])) or "–")
     kv("runs", ", ".join(str(r) for r in s.get("runs", [])) or "–")
-    kv("rules", ", ".join(s.get("rules", [])) or "–")
+    ref = s.get("reference") or {}
+    if ref:
+        label = (ref.get("rule") or {}).get("label") or "–"
+        kv("reference", f"{label}: {', '.join(map(str, ref.get('runs') or []))}")
+    models = s.get("models") or {}
+    for role in ("target", "draft"):
+        if models.get(role):
+            kv(role, _fmt(models[role].get("path")))
     kv("requests / positions", f"{s['n_requests']} / {s['n_positions']}")
     if not s.get("verified", True):
         kv("UNVERIFIED logs", ", ".join(s.get("unverified_runs", [])) or "–")
@@ -100,7 +141,7 @@ def format_table(s: dict[str, Any]) -> str:
 
     section("Speed")
     kv("tau (tokens / target pass)", f"{_fmt(s['tau_mean'])} [{', '.join(map(_fmt, s['tau_ci']))}]")
-    kv("acceptance rate α", _fmt(s["acceptance_rate"]))
+    kv("acceptance_rate α (Σ accepted / Σ reached)", _fmt(s["acceptance_rate"]))
     kv("mean K", _fmt(s["k_mean"]))
     kv("verification share of time (wall clock)", _fmt(s["verify_share"]))
     kv("target passes per token", _fmt(s.get("passes_per_token")))
@@ -151,18 +192,20 @@ def format_table(s: dict[str, Any]) -> str:
 
 
 @click.command("audit")
-@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.argument("run_dirs", nargs=-1, required=True, callback=_folders)
 @click.option(
     "--reference",
-    type=click.Path(exists=True, file_okay=False),
-    default=None,
-    help="Reference run (exact for NSD, strict greedy for ASD): adds paired statistics.",
+    multiple=True,
+    callback=_folders,
+    help="Reference run(s) of one setting (exact for NSD, strict greedy for ASD), a folder "
+    "or a quoted glob; repeat for several splits. Adds paired statistics.",
 )
 @click.option(
     "--baseline",
-    type=click.Path(exists=True, file_okay=False),
-    default=None,
-    help="Target-only run: adds the speedup over autoregressive decoding.",
+    multiple=True,
+    callback=_folders,
+    help="Target-only run(s), a folder or a quoted glob: adds the speed-up over "
+    "autoregressive decoding.",
 )
 @click.option(
     "--theta-grid",
@@ -201,7 +244,15 @@ def format_table(s: dict[str, Any]) -> str:
     show_default=True,
     help="Multiple-testing correction across tasks.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the versioned JSON summary.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default=None,
+    help="text (default), json (the versioned summary), csv or md (one row of headline "
+    "numbers, relaxspec_audit.report.tables).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
 @click.option(
     "--no-verify",
     is_flag=True,
@@ -209,19 +260,28 @@ def format_table(s: dict[str, Any]) -> str:
 )
 def audit(
     run_dirs: tuple[str, ...],
-    reference: str | None,
-    baseline: str | None,
+    reference: tuple[str, ...],
+    baseline: tuple[str, ...],
     theta_grid: tuple[float, ...] | None,
     ni_margin: float,
     old_margin: float | None,
     alpha: float,
     correction: str,
+    fmt: str | None,
     as_json: bool,
     no_verify: bool,
 ) -> None:
-    """Audit statistics over one or more RUN_DIRS (run folders or their parents)."""
+    """Audit statistics over one or more RUN_DIRS (run folders, their parents, or globs).
+
+    The runs, and the references, must each be one setting (rule, resolved parameters,
+    pair, sampling settings); one setting's runs on several splits or seeds pool.
+    """
     from relaxspec_audit import stats
     from relaxspec_audit.collect.logs import LogError
+
+    if as_json and fmt not in (None, "json"):
+        raise click.UsageError(f"give --format {fmt} or --json (= --format json), not both")
+    fmt = "json" if as_json else (fmt or "text")
 
     if old_margin is not None:
         ctx = click.get_current_context()
@@ -235,10 +295,11 @@ def audit(
         ni_margin = old_margin
 
     try:
+        _check_selection(run_dirs, reference, baseline)
         summary = stats.audit_summary(
             list(run_dirs),
-            reference=[reference] if reference else None,
-            baseline=[baseline] if baseline else None,
+            reference=list(reference) or None,
+            baseline=list(baseline) or None,
             theta_grid=theta_grid,
             ni_margin=ni_margin,
             alpha=alpha,
@@ -247,4 +308,56 @@ def audit(
         )
     except (LogError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(stats.summary_json(summary) if as_json else format_table(summary))
+    click.echo(render(summary, fmt), nl=fmt == "text" or fmt == "json")
+
+
+def render(summary: dict[str, Any], fmt: str) -> str:
+    """An ``audit_summary`` dict in one of :data:`FORMATS`."""
+    from relaxspec_audit import stats
+    from relaxspec_audit.report import tables
+
+    if fmt == "json":
+        return stats.summary_json(summary)
+    if fmt == "csv":
+        return tables.rows_csv(tables.audit_rows(summary), tables.AUDIT_COLUMNS)
+    if fmt == "md":
+        return tables.audit_markdown(summary)
+    return format_table(summary)
+
+
+def _check_selection(
+    run_dirs: tuple[str, ...], reference: tuple[str, ...], baseline: tuple[str, ...]
+) -> None:
+    """Refuse RUN_DIRS, references or baselines that mix settings (ValueError, runs named).
+
+    RUN_DIRS mixing the reference's setting with another is the trace of an unquoted
+    ``--reference`` glob whose extra matches the shell handed to RUN_DIRS: said so, with
+    the fix. (RUN_DIRS all of the reference's setting is a deliberate comparison.)
+    """
+    import json
+
+    from relaxspec_audit.collect import logs
+    from relaxspec_audit.report.runs import check_one_setting, setting_key
+
+    def blob(key: Any) -> str:
+        return json.dumps(key, sort_keys=True, default=str)
+
+    ref_key = check_one_setting(reference, "--reference") if reference else None
+    try:
+        check_one_setting(run_dirs, "RUN_DIRS")
+    except ValueError as exc:
+        spilled = [
+            logs.read_manifest(d).get("run_id")
+            for d in logs.find_runs(run_dirs)
+            if ref_key is not None and blob(setting_key(logs.read_manifest(d))) == blob(ref_key)
+        ]
+        if not spilled:
+            raise
+        raise ValueError(
+            f"{exc}. RUN_DIRS hold run={', run='.join(map(str, spilled))} of the --reference "
+            "setting: did an unquoted --reference glob match several runs? Quote the glob "
+            "(--reference 'runs/task=…/rule=exact/run=*') or repeat --reference, so that "
+            "every match is a reference"
+        ) from None
+    if baseline:
+        check_one_setting(baseline, "--baseline")

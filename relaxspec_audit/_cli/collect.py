@@ -296,9 +296,15 @@ def engine_line(engine: dict[str, Any]) -> str:
 
 
 def summary_line(run_dir: Any) -> str:
-    """One line over the whole run: requests, tokens, mean τ, acceptance rate, tokens/s."""
+    """One line over the whole run: requests, tokens, mean τ, acceptance_rate, tokens/s.
+
+    ``acceptance_rate`` is the audit's α = Σ accepted / Σ reached (docs/STATISTICS.md §7,
+    ``stats.speed``), computed by the same function, so ``collect`` and ``audit`` print
+    one number under one name for a run.
+    """
     import polars as pl
 
+    from relaxspec_audit.audit.speedup import speed
     from relaxspec_audit.collect import logs
 
     req = (
@@ -312,17 +318,15 @@ def summary_line(run_dir: Any) -> str:
         .collect()
         .row(0, named=True)
     )
-    rounds = (
-        logs.scan(run_dir, "rounds")
-        .select(pl.col("accepted").sum().alias("acc"), pl.col("k").sum().alias("k"))
-        .collect()
-        .row(0, named=True)
-    )
+    rounds = logs.scan(run_dir, "rounds")
+    alpha = None
+    if rounds.select(pl.len()).collect().item():
+        alpha = speed(rounds)["alpha"][0]
     tokens = req["tokens"] or 0
     tau = tokens / req["passes"] if req["passes"] else float("nan")
-    acc = (rounds["acc"] or 0) / rounds["k"] if rounds["k"] else float("nan")
+    acc = alpha if alpha is not None else float("nan")
     tps = tokens / req["wall"] if req["wall"] else float("nan")
     return (
         f"requests {req['n']}  tokens {tokens}  mean tau {tau:.2f}  "
-        f"acceptance {acc:.3f}  tokens/s {tps:.1f}"
+        f"acceptance_rate {acc:.3f}  tokens/s {tps:.1f}"
     )

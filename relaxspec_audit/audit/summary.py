@@ -107,6 +107,51 @@ def _with_costs(requests: pl.DataFrame, frames: RunFrames) -> pl.DataFrame:
     )
 
 
+def _identity(manifests: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What was audited, from the manifests: task, rule with resolved params, models.
+
+    The rule's parameters are resolved through the registry (``resolve_params``, then
+    ``params_dict``), never read raw, so ``{}`` and ``{"theta": 0.95}`` name one
+    setting. A value the runs do not share is null (``tasks`` lists every task).
+    """
+    from relaxspec_audit.verify import registry
+
+    def one(values: Iterable[Any]) -> Any:
+        distinct = {json.dumps(v, sort_keys=True, default=str) for v in values}
+        return json.loads(distinct.pop()) if len(distinct) == 1 else None
+
+    configs = [m.get("config") or {} for m in manifests]
+    rules = []
+    for cfg in configs:
+        name = str(cfg.get("rule"))
+        raw = cfg.get("params") or {}
+        params = registry.resolve_params(name, raw) if name in registry.RULES else None
+        rules.append(
+            {
+                "name": name,
+                "params": registry.params_dict(params) if params is not None else raw,
+                "label": registry.setting_label(name, params) if params is not None else name,
+            }
+        )
+    models = []
+    for m in manifests:
+        found = m.get("models") or {}
+        models.append(
+            {
+                role: {
+                    k: (found.get(role) or {}).get(k) for k in ("path", "config_sha256", "n_params")
+                }
+                for role in ("target", "draft")
+            }
+        )
+    return {
+        "task": one(c.get("task") for c in configs),
+        "tasks": sorted({str(c.get("task")) for c in configs if c.get("task") is not None}),
+        "rule": one(rules),
+        "models": one(models),
+    }
+
+
 def _needed(frame: Frame, name: str, cols: Sequence[str]) -> pl.DataFrame:
     """Collect the columns of ``cols`` that exist (``request_id`` is required)."""
     lf = _lazy(frame, name, ["request_id"])
@@ -211,6 +256,16 @@ def audit_summary(
         "schema_version": AUDIT_SCHEMA_VERSION,
         "runs": [m.get("run_id") for m in runs.manifests],
         "rules": rules,
+        **_identity(runs.manifests),
+        "reference": {
+            "runs": [m.get("run_id") for m in reference.manifests],
+            "rule": _identity(reference.manifests)["rule"],
+        }
+        if reference is not None
+        else None,
+        "baseline_runs": [m.get("run_id") for m in baseline.manifests]
+        if baseline is not None
+        else None,
         "alpha": alpha,
         "theta_grid": list(grid),
         # Runs read without verified commit records (old layout, or verify off).

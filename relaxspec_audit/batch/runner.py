@@ -8,8 +8,8 @@ validate *all* of it (``batch.config``) before any work → calibrate one cost t
 config asks for one (``batch.timing``) and a divergence explorer page per relaxed rule
 (``report.explorer``) → execute each task's notebooks with papermill
 (``batch.notebooks``; a failing notebook is saved with its error and the batch goes on) →
-export HTML with code hidden, write ``summary.json`` per task and ``index.html`` over all
-tasks (``report.py``).
+export HTML with code hidden, write ``summary.json`` (and its table, ``summary.csv``) per
+task and ``index.html`` over all tasks (``report.py``).
 """
 
 from __future__ import annotations
@@ -183,6 +183,7 @@ def run_batch(
     from tqdm.auto import tqdm
 
     from relaxspec_audit import report
+    from relaxspec_audit.report.tables import write_summary_csv
 
     plan = config if isinstance(config, BatchConfig) else load_config(config)
     check_kernel(kernel_name)  # before any work: a wrong kernel would fail every notebook
@@ -257,6 +258,8 @@ def run_batch(
         for fam in summary.get("families", []):
             fam["divergence_html"] = pages.get(fam.get("rule"))
         report.write_json(summary, summary_path)
+        # The same verdicts as a table, one row per family, for a spreadsheet or a review.
+        write_summary_csv(summary, summary_path.with_suffix(".csv"))
         results.append(TaskResult(task.task, run_dirs, notebooks, summary_path, errors))
     bar.close()
     index = report.write_index(

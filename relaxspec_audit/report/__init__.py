@@ -35,17 +35,20 @@ from relaxspec_audit.report.jsonio import _jsonable as _jsonable
 from relaxspec_audit.report.jsonio import save_numbers, write_json
 from relaxspec_audit.report.markdown import choices_markdown, manifest_markdown, signoff_markdown
 from relaxspec_audit.report.parameters import _SPLITS as _SPLITS
-from relaxspec_audit.report.parameters import validate_parameters
+from relaxspec_audit.report.parameters import resolve_runs_dir, validate_parameters
 from relaxspec_audit.report.runs import _PAIR_FIELDS as _PAIR_FIELDS
 from relaxspec_audit.report.runs import (
     LOSSLESS,
+    check_one_setting,
     label_runs,
     manifest_facts,
     reference_rule,
     run_dirs,
     runs_overview,
     runs_table,
+    setting_key,
     setting_label,
+    split_note,
 )
 from relaxspec_audit.report.runs import _baseline as _baseline
 from relaxspec_audit.report.runs import _match as _match
@@ -65,6 +68,7 @@ __all__ = [
     "SUMMARY_SCHEMA",
     "SUMMARY_SCHEMA_VERSION",
     "audit_table",
+    "check_one_setting",
     "choices_markdown",
     "divergence_page",
     "export_html",
@@ -76,12 +80,15 @@ __all__ = [
     "recommend",
     "reference_rule",
     "request_view",
+    "resolve_runs_dir",
     "run_dirs",
     "runs_overview",
     "runs_table",
     "save_numbers",
+    "setting_key",
     "setting_label",
     "signoff_markdown",
+    "split_note",
     "task_summary",
     "validate_parameters",
     "write_index",

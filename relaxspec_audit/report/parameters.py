@@ -16,12 +16,34 @@ from relaxspec_audit.report.runs import runs_table
 from relaxspec_audit.verify.registry import RULES, TARGET_ONLY
 
 _SPLITS = ("discovery", "confirmation")
+# The checkout a notebook's relative ``runs_dir`` falls back to: the folder holding the
+# package's pyproject.toml (an editable install), so that "runs" names the same folder
+# from the repository root and from notebooks/.
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def resolve_runs_dir(runs_dir: str | Path) -> str | Path:
+    """``runs_dir`` as given if it exists, else relative to the repository root.
+
+    A notebook's default ``runs_dir = "runs"`` is relative to the kernel's working
+    folder, which is the repository root from ``make lab`` and ``notebooks/`` when the
+    notebook is opened there; both must find the same runs. An absolute path, or one
+    found nowhere, is returned unchanged (the check then names it).
+    """
+    path = Path(runs_dir)
+    if path.is_absolute() or path.is_dir() or not str(runs_dir):
+        return runs_dir
+    in_repo = _REPO_ROOT / path
+    if in_repo.is_dir() and (_REPO_ROOT / "pyproject.toml").is_file():
+        return str(in_repo)
+    return runs_dir
 
 
 def validate_parameters(**params: Any) -> None:
     """Check a notebook's parameters; raise naming the first bad one.
 
-    Known names: ``runs_dir`` (an existing folder with runs of ``task``), ``task``,
+    Known names: ``runs_dir`` (an existing folder with runs of ``task``, found by
+    :func:`resolve_runs_dir`), ``task``,
     ``ni_margin`` (the non-inferiority margin δ, a fraction of the score in [0, 1):
     0.02 = 2 points), ``alpha`` (in (0, 1)), ``min_gain`` (≥ 0: the lower bound of the
     modelled speed-up PASS needs), ``thetas`` (None: the runs' logged grid;
@@ -37,6 +59,8 @@ def validate_parameters(**params: Any) -> None:
     def bad(name: str, what: str) -> None:
         raise ValueError(f"{name}: {what}, got {params[name]!r}")
 
+    if isinstance(params.get("runs_dir"), str | Path) and params.get("collect") is not True:
+        params["runs_dir"] = resolve_runs_dir(params["runs_dir"])
     for name, value in params.items():
         if name == "runs_dir":
             if not isinstance(value, str | Path) or not value:

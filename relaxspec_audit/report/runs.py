@@ -16,7 +16,26 @@ from relaxspec_audit.report.jsonio import _jsonable
 from relaxspec_audit.verify import registry
 from relaxspec_audit.verify.registry import LOSSLESS, setting_label
 
-__all__ = ["LOSSLESS", "reference_rule", "runs_table", "setting_label"]
+__all__ = [
+    "LOSSLESS",
+    "NO_SPLIT_NOTE",
+    "check_one_setting",
+    "reference_rule",
+    "runs_table",
+    "setting_key",
+    "setting_label",
+    "split_note",
+]
+
+#: What a report says when a task's runs carry no discovery/confirmation split: the
+#: choice of a setting and its verdict need both (THEORY §3 "Choosing θ or a budget").
+NO_SPLIT_NOTE = "runs have no discovery/confirmation split: no verdict; collect with --split"
+
+# Config fields that, with the rule and its resolved params, make one setting: runs that
+# differ in any of them measure different decoders and must never be pooled. The split,
+# seed, limit and batch size are left out on purpose: pooling one setting across splits
+# or seeds is a larger sample of the same decoder.
+_SETTING_FIELDS = ("target", "draft", "temperature", "top_k", "top_p", "k", "max_new_tokens")
 
 # Config fields two runs must share to be compared request by request (THEORY §4 pairing),
 # with the value a run written before the field existed stands for.
@@ -228,3 +247,82 @@ def manifest_facts(runs_dir: str | Path, task: str) -> dict[str, Any]:
             "statuses": statuses,
         }
     )
+
+
+def setting_key(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """The setting a run measures: rule, resolved params, pair and sampling settings.
+
+    Two runs with equal keys decode with one decoder (same rule and canonical params,
+    ``registry.resolve_params``; same target and draft; same temperature, top-k, top-p,
+    K and length), so their requests may be pooled; the split and seed are not part of
+    it.
+    """
+    cfg = manifest.get("config") or {}
+    rule = str(cfg.get("rule"))
+    raw = cfg.get("params") or {}
+    params = (
+        registry.params_dict(registry.resolve_params(rule, raw)) if rule in registry.RULES else raw
+    )
+    key: dict[str, Any] = {"rule": rule, "params": params}
+    for field in _SETTING_FIELDS:
+        value = cfg.get(field)
+        key[field] = float(value) if field == "temperature" and value is not None else value
+    return key
+
+
+def _key_label(key: Mapping[str, Any]) -> str:
+    """``nucleus θ=0.95`` plus the pair and sampling settings, for a refusal message."""
+    label = (
+        setting_label(key["rule"], key["params"]) if key["rule"] in registry.RULES else key["rule"]
+    )
+    rest = ", ".join(f"{f}={key[f]}" for f in _SETTING_FIELDS)
+    return f"{label} ({rest})"
+
+
+def check_one_setting(run_dirs: Any, what: str = "runs") -> dict[str, Any] | None:
+    """Refuse a selection of runs that mixes settings (:func:`setting_key`).
+
+    ``run_dirs`` are run folders or parents of run folders (``logs.find_runs``). Runs
+    of one setting on several splits or seeds pass: they are one decoder's sample.
+
+    Returns:
+        The common setting key, or None when ``run_dirs`` is empty.
+
+    Raises:
+        ValueError: ``"<what>: the selection mixes N settings: … (run=…, …); …"``, naming
+            every run it matched by setting.
+    """
+    from relaxspec_audit.collect import logs
+
+    groups: dict[str, list[str]] = {}
+    keys: dict[str, dict[str, Any]] = {}
+    for run_dir in logs.find_runs(run_dirs) if run_dirs else []:
+        manifest = logs.read_manifest(run_dir)
+        key = setting_key(manifest)
+        blob = json.dumps(key, sort_keys=True, default=str)
+        keys[blob] = key
+        groups.setdefault(blob, []).append(str(manifest.get("run_id") or Path(run_dir).name))
+    if len(groups) > 1:
+        listed = "; ".join(
+            f"{_key_label(keys[b])}: run={', run='.join(ids)}" for b, ids in groups.items()
+        )
+        raise ValueError(
+            f"{what}: the selection mixes {len(groups)} settings and would pool them: "
+            f"{listed}. Select the runs of one setting (pooling one setting across splits "
+            "or seeds is fine)"
+        )
+    return next(iter(keys.values()), None)
+
+
+def split_note(
+    runs_dir: str | Path, task: str, splits: tuple[str, ...] = ("discovery", "confirmation")
+) -> str | None:
+    """:data:`NO_SPLIT_NOTE` when no run of ``task`` carries the ``splits``, else None.
+
+    Runs collected without ``--split`` have no discovery set to choose a setting on nor
+    a disjoint confirmation set to judge it on (THEORY §3), so the fidelity, choice and
+    sign-off pages show this instead of empty plots.
+    """
+    table = runs_table(runs_dir, task)
+    have = {s for s in table["split"].to_list() if s is not None}
+    return NO_SPLIT_NOTE if table.height and not have & set(splits) else None

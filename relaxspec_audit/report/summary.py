@@ -19,7 +19,7 @@ from relaxspec_audit.report.coupling import coupling_facts
 from relaxspec_audit.report.format import _now
 from relaxspec_audit.report.jsonio import _jsonable
 from relaxspec_audit.report.noise import attribution_facts, floor_facts, loglik_facts
-from relaxspec_audit.report.runs import manifest_facts, runs_table
+from relaxspec_audit.report.runs import manifest_facts, runs_table, split_note
 from relaxspec_audit.report.speed import speed_facts
 
 #: Name and version of the ``summary.json`` schema; bump the version on any rename,
@@ -87,6 +87,7 @@ def recommend(
     if table is None:
         table = audit_table(runs_dir, task, ni_margin=ni_margin, alpha=alpha)
     runs = runs_table(runs_dir, task)
+    no_split = split_note(runs_dir, task, (discovery, confirmation))
     out = []
     relaxed = table.filter(~pl.col("is_reference"))
     for rule in relaxed["rule"].unique(maintain_order=True).to_list():
@@ -100,6 +101,8 @@ def recommend(
         scored = fam["accuracy_delta"].is_not_null().any()
         if not ref_dirs:
             reasons = [f"no paired {fam['reference'][0]} run to judge {rule} against"]
+        elif no_split:
+            reasons = [no_split]
         elif not scored:
             reasons = ["the task has no scorer: accuracy cannot be tested"]
             caveats.append("fidelity is shown by output divergence only")
