@@ -111,13 +111,65 @@ def test_fidelity_figures(audit):
     assert any(np.allclose(line.get_xdata(), -10.0) for line in ax.get_lines())
 
 
-def test_frontier_rings_the_chosen_setting(audit):
+def _label_boxes(fig):
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = fig.get_axes()[0]
+    return ax, [(t.get_text(), t.get_window_extent(renderer)) for t in ax.texts]
+
+
+def test_frontier_rings_and_labels_the_chosen_setting(audit):
     disc = audit.filter(pl.col("split") == "discovery")
     fig = plots.frontier(disc, ni_margin=0.1, chosen=["nucleus θ=0.8"])
-    ax = fig.get_axes()[0]
-    texts = {t.get_text() for t in ax.texts}
-    assert set(disc["setting"].to_list()) <= texts
+    ax, boxes = _label_boxes(fig)
+    texts = [t for t, _ in boxes]
+    # The series names the rule, so a point's label is its parameters only.
+    assert "θ=0.8" in texts
     assert len(ax.collections) >= 1  # the ring (scatter) around the chosen point
+
+
+def test_frontier_labels_never_overlap_and_stay_inside(audit):
+    disc = audit.filter(pl.col("split") == "discovery")
+    # Every setting ringed: the most labels the figure can be asked for.
+    fig = plots.frontier(disc, ni_margin=0.1, chosen=disc["setting"].to_list())
+    ax, boxes = _label_boxes(fig)
+    frame = ax.get_window_extent()
+    assert boxes, "the chosen points are labelled"
+    for i, (_, a) in enumerate(boxes):
+        assert frame.x0 <= a.x0 and a.x1 <= frame.x1 and frame.y0 <= a.y0 and a.y1 <= frame.y1
+        for _, b in boxes[i + 1 :]:
+            assert not a.overlaps(b)
+    # The legend names each rule once and the references once (not one entry per setting).
+    (legend,) = fig.legends
+    names = [t.get_text() for t in legend.get_texts()]
+    assert len(names) == len(set(names))
+    assert "reference rule" in names and sum(" vs " in n for n in names) == 2
+
+
+def test_small_shares_get_a_zoomed_axis(audit):
+    relaxed = audit.filter(~pl.col("is_reference") & pl.col("divergence").is_not_null())
+    # Shares of a few tenths of a percent: on a 0–100 % axis they would not show at all.
+    tiny = relaxed.with_columns(
+        pl.lit(0.002).alias("divergence"),
+        pl.lit(0.0).alias("divergence_ci_low"),
+        pl.lit(0.006).alias("divergence_ci_high"),
+    )
+    ax = plots.divergence(tiny).get_axes()[0]
+    assert ax.get_xlim()[1] == 1.0  # 0.6 % × 1.15 fits under 1 %
+    assert "zoomed" in ax.get_xlabel()
+    ax = plots.divergence(relaxed.with_columns(pl.lit(0.9).alias("divergence_ci_high")))
+    assert ax.get_axes()[0].get_xlim()[1] == 100.0  # large shares keep the full scale
+
+
+def test_legend_lists_only_visible_series(positions):
+    acc = stats.acceptance_by_position(positions)
+    # Two settings with the very same curve: one line, one legend entry naming both.
+    twins = pl.concat([acc.with_columns(pl.lit(name).alias("setting")) for name in ("a", "b")])
+    other = acc.with_columns(pl.lit("c").alias("setting"), pl.col("accept_rate") * 0.5)
+    fig = plots.acceptance_by_position(pl.concat([twins, other.select(twins.columns)]))
+    ax = fig.get_axes()[0]
+    assert len(ax.get_lines()) == 2
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["a = b", "c"]
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,12 @@ over the DevTools protocol on a pipe (``--remote-debugging-pipe``: no port, no n
 For each page we collect console messages of level error/warning, uncaught exceptions,
 log entries (which include "Failed to load resource") and every request the page makes;
 then take a screenshot and check that it is not blank. The pages come from the same
-batch run as ``test_notebooks.py`` (shared once per session).
+batch runs as ``test_notebooks.py`` (fixture runs) and ``test_report_pages.py`` (a
+demo-like batch on the embedded pair), each shared once per session. At the report width
+(1280 px) no page may scroll sideways.
+
+Chromium missing: the tests skip, except under ``CI=true``, where they fail (CI installs
+Chromium through ``.ci/run``; a silent skip there would hide a broken report).
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from test_notebooks import render_all
+from test_report_pages import demo_like_batch
+
+from relaxspec_audit.collect.config import EMBEDDED_DIR
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 FLAGS = [
@@ -34,13 +42,25 @@ FLAGS = [
     "--disable-component-update",
     "--disable-sync",
     "--disable-extensions",
-    "--window-size=1000,1200",
+    "--window-size=1280,1000",
 ]
+#: The report width: no page may be wider than this (document scrollWidth).
+WIDTH = 1280
+_HAVE_CHROMIUM = Path(CHROMIUM).is_file() or shutil.which("chromium") is not None
+_MISSING = f"Chromium not found at {CHROMIUM} (apt-get install -y chromium; .ci/run does it)"
 
-pytestmark = pytest.mark.skipif(
-    not (Path(CHROMIUM).is_file() or shutil.which("chromium")),
-    reason=f"Chromium not found at {CHROMIUM} (apt-get install -y chromium; .ci/run does it)",
-)
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _chromium():
+    """Skip without Chromium; under CI=true, fail instead (CI is meant to have it)."""
+    if not _HAVE_CHROMIUM:
+        if _in_ci():
+            pytest.fail(f"CI=true but {_MISSING}")
+        pytest.skip(_MISSING)
 
 
 _LOADED_IMAGES = "Array.from(document.images).filter(i => i.complete && i.naturalWidth > 0).length"
@@ -141,8 +161,18 @@ class _Pipe:
         os.close(self._from_chrome)
 
 
+_PROBES = {
+    "scroll_width": "document.documentElement.scrollWidth",
+    # Diverged tokens the relaxation alone accepted, drawn with a background colour.
+    "relax_tokens": "Array.from(document.querySelectorAll('.tok-relax')).filter(e => "
+    "getComputedStyle(e).backgroundColor !== 'rgba(0, 0, 0, 0)').length",
+}
+
+
 def open_page(url: str, tmp: Path) -> dict:
-    """Load ``url`` offline; return console problems, requests, screenshot pixels, text."""
+    """Load ``url`` offline at the report width; return console problems, requests,
+    screenshot pixels, text, loaded images, the page's scroll width and coloured
+    ``tok-relax`` tokens."""
     cdp = _Pipe(tmp / "chromium-profile")
     try:
         target = cdp.send("Target.createTarget", {"url": "about:blank"})["targetId"]
@@ -151,6 +181,11 @@ def open_page(url: str, tmp: Path) -> dict:
         ]
         for domain in ("Page", "Runtime", "Log", "Network"):
             cdp.send(f"{domain}.enable", session=session)
+        cdp.send(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": WIDTH, "height": 1000, "deviceScaleFactor": 1, "mobile": False},
+            session=session,
+        )
         # Offline: any request to the network would fail (and is reported below anyway).
         cdp.send(
             "Network.emulateNetworkConditions",
@@ -172,6 +207,12 @@ def open_page(url: str, tmp: Path) -> dict:
             {"expression": _LOADED_IMAGES, "returnByValue": True},
             session=session,
         )["result"]["value"]
+        probes = {
+            name: cdp.send(
+                "Runtime.evaluate", {"expression": expr, "returnByValue": True}, session=session
+            )["result"]["value"]
+            for name, expr in _PROBES.items()
+        }
     finally:
         cdp.close()
     problems = []
@@ -197,7 +238,7 @@ def open_page(url: str, tmp: Path) -> dict:
             problems.append(f"failed load: {params.get('errorText')}")
     png = base64.b64decode(shot["data"])
     return {"problems": problems, "requests": requests, "png": png, "text": text,
-            "images": images}  # fmt: skip
+            "images": images, **probes}  # fmt: skip
 
 
 def _pixels(png: bytes) -> np.ndarray:
@@ -239,6 +280,54 @@ def test_task_report_opens_cleanly(pages, tmp_path):
     assert "Sign-off" in page["text"] and "asd vs greedy" in page["text"]
     assert page["images"] >= 1  # the frontier figure decoded and rendered
     _assert_not_blank(page["png"])
+
+
+@pytest.fixture(scope="module")
+def demo_pages(tmp_path_factory):
+    if not (EMBEDDED_DIR / "target" / "config.json").exists():
+        pytest.skip(f"embedded pair not built ({EMBEDDED_DIR} missing; `make models`)")
+    return demo_like_batch(tmp_path_factory)
+
+
+def _clean(page: dict) -> None:
+    assert page["problems"] == []
+    assert [u for u in page["requests"] if not u.startswith(("file:", "data:"))] == []
+    _assert_not_blank(page["png"])
+    assert page["scroll_width"] <= WIDTH, f"page is {page['scroll_width']} px wide"
+
+
+@pytest.mark.slow
+def test_demo_index_fits_the_report_width(demo_pages, tmp_path):
+    page = open_page(demo_pages.index.as_uri(), tmp_path)
+    _clean(page)
+    assert "arith" in page["text"] and "story" in page["text"] and "δ = 10 pt" in page["text"]
+
+
+@pytest.mark.slow
+def test_demo_signoff_fits_the_report_width(demo_pages, tmp_path):
+    page = open_page((demo_pages.report_dir / "arith" / "signoff.html").as_uri(), tmp_path)
+    _clean(page)
+    assert "Sign-off" in page["text"] and page["images"] >= 1
+
+
+@pytest.mark.slow
+def test_story_divergence_page_colours_a_diverged_request(demo_pages, tmp_path):
+    # ASD on `story` at temperature 0 diverges from greedy on most requests.
+    divergence = demo_pages.report_dir / "story" / "divergence-asd.html"
+    page = open_page(divergence.as_uri(), tmp_path)
+    _clean(page)
+    assert page["relax_tokens"] >= 1
+
+
+@pytest.mark.slow
+def test_overflow_probe_catches_a_wide_page(tmp_path):
+    """The width check can fail: a page with an unwrapped 3000 px table is caught."""
+    wide = tmp_path / "wide.html"
+    wide.write_text(
+        "<!DOCTYPE html><html><head><link rel='icon' href='data:,'></head><body>"
+        "<table><tr><td style='min-width:3000px'>wide</td></tr></table></body></html>"
+    )
+    assert open_page(wide.as_uri(), tmp_path)["scroll_width"] > WIDTH
 
 
 def test_detector_catches_console_errors_and_blank_pages(tmp_path):

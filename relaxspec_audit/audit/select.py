@@ -507,8 +507,8 @@ def recommend(
     setting = {c: chosen[c] for c in cols}
     reasons.append(
         f"discovery: fastest non-inferior setting {setting} "
-        f"(modelled speed-up {_x(chosen['speedup'])}, tau {_x(chosen.get('tau'))}, "
-        f"delta {chosen['delta']:+.4f}, p_noninf {chosen['p_noninf']:.3g}, "
+        f"(modelled speed-up {_x(chosen['speedup'])}×, τ {_x(chosen.get('tau'))}, "
+        f"accuracy Δ {_pt(chosen['delta'])}, p {chosen['p_noninf']:.3g}, "
         f"{chosen['n_items']} items)"
     )
     n_req, plan = needed_items(chosen, ni_margin, alpha=alpha, power=power)
@@ -534,17 +534,19 @@ def recommend(
     if not fc["noninferior"]:
         shown = "shown inferior" if fc["ci_high"] < -ni_margin else "not shown non-inferior"
         reasons.append(
-            f"confirmation: {shown} at δ = {ni_margin} (delta {fc['delta']:+.4f}, "
-            f"CI [{fc['ci_low']:+.4f}, {fc['ci_high']:+.4f}], p {fc['p_noninf']:.3g})"
+            f"confirmation: {shown} at δ = {_pt(ni_margin, sign=False)} (accuracy Δ "
+            f"{_pt(fc['delta'])}, CI [{_pt(fc['ci_low'])}, {_pt(fc['ci_high'])}], "
+            f"p {fc['p_noninf']:.3g})"
         )
         return Verdict("FAIL", setting, reasons, numbers, n_required=n_req)
     reasons.append(
-        f"confirmation: non-inferior at δ = {ni_margin} (delta {fc['delta']:+.4f}, "
-        f"CI [{fc['ci_low']:+.4f}, {fc['ci_high']:+.4f}], p {fc['p_noninf']:.3g}, "
+        f"confirmation: non-inferior at δ = {_pt(ni_margin, sign=False)} (accuracy Δ "
+        f"{_pt(fc['delta'])}, CI [{_pt(fc['ci_low'])}, {_pt(fc['ci_high'])}], "
+        f"p {fc['p_noninf']:.3g}, "
         f"{fc['n_items']} items)"
     )
     gain = (
-        f"modelled speed-up over the reference {_x(fc['speedup'])} "
+        f"modelled speed-up over the reference {_x(fc['speedup'])}× "
         f"[{_x(fc['speedup_ci_low'])}, {_x(fc['speedup_ci_high'])}] ({fc['speed_basis']})"
     )
     if fc.get("speed_note"):
@@ -558,6 +560,11 @@ def recommend(
         "buys no speed here"
     )
     return Verdict("NO-GAIN", setting, reasons, numbers, n_required=n_req)
+
+
+def _pt(value: float, *, sign: bool = True) -> str:
+    """A score difference (or margin) in points for a reason line: ``-1.7 pt``."""
+    return f"{100 * value:{'+' if sign else ''}.1f} pt"
 
 
 def _x(value: float | None) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from relaxspec_audit.report.format import _iv, _now, _pct, _points
+from relaxspec_audit.report.format import _iv, _now, _pct, _points, accuracy_pair, short_reason
 
 _CSS = """
 :root { --fg: #1f2328; --muted: #59636e; --line: #d1d9e0; --bg: #ffffff; --soft: #f6f8fa;
@@ -27,7 +27,7 @@ _CSS = """
 * { box-sizing: border-box; }
 body { margin: 0; font: 15px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
        color: var(--fg); background: var(--bg); }
-main { max-width: 980px; margin: 0 auto; padding: 16px 24px 48px; }
+main { max-width: 1180px; margin: 0 auto; padding: 16px 24px 48px; }
 nav { background: var(--soft); border-bottom: 1px solid var(--line); padding: 8px 24px; }
 nav a { margin-right: 14px; }
 a { color: #0969da; text-decoration: none; } a:hover { text-decoration: underline; }
@@ -50,7 +50,19 @@ img { max-width: 100%; height: auto; }
 .badge.NO-GAIN { background: #6e7781; }
 .muted { color: var(--muted); }
 .dataframe { font-size: 0.86em; }
-.output_html { overflow-x: auto; }
+/* Nothing widens the page past the window: wide tables and outputs scroll in place, and
+   long ids (run ids, model paths, hashes) break anywhere instead of pushing the layout. */
+.output_html, .output_markdown, .jp-RenderedHTMLCommon, .table-wrap { overflow-x: auto;
+  max-width: 100%; }
+.table-wrap { margin: 8px 0 16px; } .table-wrap table { margin: 0; }
+td, li, p { overflow-wrap: break-word; }
+.id { word-break: break-all; }
+table.report td.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
+table.report caption { text-align: left; color: var(--muted); padding-bottom: 4px; }
+.reason { display: block; min-width: 13em; max-width: 24em; font-size: 0.85em;
+          color: var(--muted); }
+.output_markdown table, .text_cell_render table { display: block; overflow-x: auto;
+  max-width: 100%; }
 """
 
 
@@ -136,6 +148,22 @@ def export_html(
     return out
 
 
+def _task_terms(summary: Mapping[str, Any]) -> str:
+    """The terms a task's verdicts used: margin δ (points) and minimum gain (×)."""
+    parts = []
+    if summary.get("ni_margin") is not None:
+        parts.append(f"δ = {100 * summary['ni_margin']:g} pt")
+    if summary.get("min_gain") is not None:
+        parts.append(f"min gain {summary['min_gain']:g}×")
+    return " · ".join(parts)
+
+
+def _n_per_split(fam: Mapping[str, Any]) -> str:
+    """Requests per split of the shown setting, ``discovery / confirmation``."""
+    n = [(fam.get(split) or {}).get("n_requests") for split in ("discovery", "confirmation")]
+    return " / ".join("–" if v is None else str(v) for v in n)
+
+
 def write_index(report_dir: str | Path, summaries: Sequence[Mapping[str, Any]]) -> Path:
     """Write ``index.html`` over the tasks of a batch (one row per task × rule family).
 
@@ -168,7 +196,8 @@ def write_index(report_dir: str | Path, summaries: Sequence[Mapping[str, Any]]) 
             floor = fam.get("noise_floor") or {}
             cells = [
                 f'<td rowspan="{len(families)}"><b>{html.escape(s["task"])}</b><br>'
-                f'<span class="muted">{html.escape(s.get("status", "?"))}</span></td>'
+                f'<span class="muted">{html.escape(s.get("status", "?"))}<br>'
+                f"{html.escape(_task_terms(s))}</span></td>"
                 if i == 0
                 else "",
                 f"<td>{html.escape(fam.get('rule', '–'))} vs "
@@ -180,7 +209,14 @@ def write_index(report_dir: str | Path, summaries: Sequence[Mapping[str, Any]]) 
                 )
                 + "</td>",
                 f'<td><span class="badge {html.escape(str(verdict))}">'
-                f"{html.escape(str(verdict))}</span></td>",
+                f"{html.escape(str(verdict))}</span>"
+                + (
+                    f'<span class="reason">{html.escape(short_reason(fam["reasons"][-1]))}</span>'
+                    if fam.get("reasons")
+                    else ""
+                )
+                + "</td>",
+                f'<td class="num">{html.escape(_n_per_split(fam))}</td>',
                 f"<td>{html.escape(fam.get('setting') or '–')}"
                 + (
                     f'<br><span class="muted">shown: {html.escape(fam["shown_setting"])}</span>'
@@ -204,7 +240,13 @@ def write_index(report_dir: str | Path, summaries: Sequence[Mapping[str, Any]]) 
                     else ""
                 )
                 + "</td>",
-                f'<td class="num">{_points(conf) if conf else "–"}</td>',
+                f'<td class="num">{_points(conf) if conf else "–"}'
+                + (
+                    f'<br><span class="muted">accuracy {html.escape(accuracy_pair(conf))}</span>'
+                    if conf and conf.get("score") is not None
+                    else ""
+                )
+                + "</td>",
                 f'<td class="num">{_pct(conf.get("divergence"))}'
                 + (
                     f'<br><span class="muted">floor {html.escape(floor["short"])}</span>'
@@ -227,19 +269,25 @@ def write_index(report_dir: str | Path, summaries: Sequence[Mapping[str, Any]]) 
         f"{html.escape(str(meta.get('package_version', '?')))} · git "
         f"{html.escape(str(meta.get('git_commit') or '?')[:12])}</p>\n"
         "<p>One row per relaxed rule audited against its reference on the confirmation "
-        "split: the verdict (PASS needs non-inferiority <em>and</em> a modelled speed-up "
+        "split: the verdict with its deciding reason (PASS needs non-inferiority <em>and</em> "
+        "a modelled speed-up "
         "whose lower bound clears the minimum gain; NO-GAIN is non-inferior but not faster), "
+        "the number of requests per split (discovery / confirmation), "
         "the chosen setting, the <b>modelled</b> speed-up over the reference rule (pass "
         "counts × the measured cost table: the same logs always give the same number) with "
         "the wall clock below it, labelled by how it was measured; the modelled speed-up "
         "over target-only decoding; the accuracy delta in points with its confidence "
-        "interval; and the share of requests whose output differs from the reference, with "
+        "interval (absolute accuracy below it); and the share of requests whose output "
+        "differs from the reference, with "
         "the noise floor the lossless decoder itself shows.</p>\n"
-        "<table>\n<tr><th>task</th><th>rule</th><th>verdict</th><th>chosen</th>"
+        "<p>Under each task: the non-inferiority margin δ and the minimum gain the "
+        "verdict used.</p>\n"
+        '<div class="table-wrap"><table>\n<tr><th>task</th><th>rule</th><th>verdict</th>'
+        "<th>N per split</th><th>chosen</th>"
         "<th>speed-up vs reference (modelled) [CI]</th><th>vs target-only</th>"
         "<th>accuracy Δ [CI]</th><th>divergence</th><th>reports</th></tr>\n"
         + "\n".join(rows)
-        + "\n</table>\n"
+        + "\n</table></div>\n"
         + (f"<h2>Errors</h2>\n<ul>{''.join(errors)}</ul>\n" if errors else "")
     )
     out = report_dir / "index.html"

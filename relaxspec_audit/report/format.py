@@ -8,9 +8,12 @@ text and never as a tag, a link or table syntax.
 
 from __future__ import annotations
 
+import ast
 import datetime as _dt
 import html
-from collections.abc import Mapping
+import math
+import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 
@@ -97,3 +100,211 @@ def _iv(iv: Mapping[str, Any] | None) -> str:
     if iv.get("ci_low") is not None and iv.get("ci_high") is not None:
         s += f" [{iv['ci_low']:.2f}, {iv['ci_high']:.2f}]"
     return s
+
+
+# ---------------------------------------------------------------------- tables for readers
+
+
+def _num(value: Any) -> float | None:
+    """``value`` as a finite-or-inf float, None for a missing value (None, NaN, non-number)."""
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return None if math.isnan(value) else float(value)
+
+
+def _ci(lo: Any, hi: Any, one: Callable[[float], str]) -> str:
+    lo, hi = _num(lo), _num(hi)
+    return "" if lo is None or hi is None else f" [{one(lo)}, {one(hi)}]"
+
+
+def pct(value: Any, lo: Any = None, hi: Any = None) -> str:
+    """A share as percent (``12.5%``); shares under 1 % keep two significant digits."""
+    v = _num(value)
+    if v is None:
+        return "–"
+
+    def one(x: float) -> str:
+        return f"{100 * x:.2g}%" if 0 < abs(x) < 0.01 else f"{100 * x:.1f}%"
+
+    return one(v) + _ci(lo, hi, one)
+
+
+def pt(value: Any, lo: Any = None, hi: Any = None) -> str:
+    """A score difference in percentage points, signed (``+1.2 pt [−0.5, +3.0]``)."""
+    v = _num(value)
+    if v is None:
+        return "–"
+    return f"{100 * v:+.1f} pt" + _ci(lo, hi, lambda x: f"{100 * x:+.1f}")
+
+
+def times(value: Any, lo: Any = None, hi: Any = None) -> str:
+    """A ratio such as a speed-up (``1.23× [1.10, 1.40]``)."""
+    v = _num(value)
+    if v is None:
+        return "–"
+    return f"{v:.2f}×" + _ci(lo, hi, lambda x: f"{x:.2f}")
+
+
+def nats(value: Any, lo: Any = None, hi: Any = None) -> str:
+    """An entropy or log-likelihood in nats (``0.42 nats [0.30, 0.55]``)."""
+    v = _num(value)
+    if v is None:
+        return "–"
+    return f"{v:.2f} nats" + _ci(lo, hi, lambda x: f"{x:.2f}")
+
+
+def num(value: Any, lo: Any = None, hi: Any = None) -> str:
+    """A plain number, 3 significant digits (integers as they are)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    v = _num(value)
+    if v is None:
+        return "–"
+    return f"{v:.3g}" + _ci(lo, hi, lambda x: f"{x:.3g}")
+
+
+def yes_no(value: Any) -> str:
+    """A flag as ``yes`` / ``no`` (``–`` when missing)."""
+    return "–" if value is None else ("yes" if value else "no")
+
+
+def text(value: Any) -> str:
+    """A label as it is (``–`` when missing)."""
+    return "–" if value is None else str(value)
+
+
+#: A table column: a frame column name (or several, passed to the formatter in order, for
+#: an estimate with its interval) → ``(header, formatter)``.
+Columns = Mapping[str | tuple[str, ...], tuple[str, Callable[..., str]]]
+
+_NUMERIC = {pct, pt, times, nats, num}
+
+
+def table_html(frame: Any, columns: Columns, *, caption: str | None = None) -> str:
+    """A formatted, escaped HTML table of ``frame`` for a report page (no dataframe repr).
+
+    Args:
+        frame: a polars DataFrame, or a sequence of row dicts.
+        columns: ``{column or (estimate, ci_low, ci_high): (header, formatter)}`` in display
+            order; formatters are :func:`pct`, :func:`pt`, :func:`times`, :func:`nats`,
+            :func:`num`, :func:`yes_no`, :func:`text` or any ``f(*values) -> str``.
+        caption: optional caption above the table.
+
+    Returns:
+        ``<div class="table-wrap"><table>…</table></div>``: every header and cell escaped,
+        numbers right-aligned; the wrapper scrolls sideways instead of widening the page.
+
+    Raises:
+        ValueError: ``columns`` names a column the frame does not have.
+    """
+    rows = frame.to_dicts() if hasattr(frame, "to_dicts") else [dict(r) for r in frame]
+    have = set(frame.columns) if hasattr(frame, "columns") else set().union(*rows) if rows else None
+    specs = [((k,) if isinstance(k, str) else tuple(k), spec) for k, spec in columns.items()]
+    if have is not None:
+        for cols, _ in specs:
+            missing = [c for c in cols if c not in have]
+            if missing:
+                raise ValueError(f"columns: {missing[0]!r} is not a column of the table")
+    head = "".join(f"<th>{html.escape(header)}</th>" for _, (header, _f) in specs)
+    body = []
+    for row in rows:
+        cells = []
+        for cols, (_, fmt) in specs:
+            value = fmt(*(row.get(c) for c in cols))
+            cls = ' class="num"' if fmt in _NUMERIC else ""
+            cells.append(f"<td{cls}>{html.escape(value)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    if not body:
+        body.append(f'<tr><td colspan="{len(specs)}" class="muted">no rows</td></tr>')
+    cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
+    return (
+        f'<div class="table-wrap"><table class="report">{cap}<thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table></div>"
+    )
+
+
+# ---------------------------------------------------------------------- reasons as sentences
+
+# A Python dict literal in a reason, e.g. ``{'theta': 0.9}`` or ``{'budget': 8.0, 'cap': 2}``.
+_DICT = re.compile(r"\{[^{}]*\}")
+_WORDS = (
+    (re.compile(r"\btau\b"), "τ"),
+    (re.compile(r"\bp_noninf\b"), "p"),
+    (re.compile(r"\bdelta (?=[+\-−]\d)"), "Δ "),
+    # A speed-up is a ratio: "speed-up over the reference 1.2" reads "… 1.2×".
+    (re.compile(r"(speed-up(?: over the reference)? )(\d+(?:\.\d+)?)(?![\d.×])"), r"\1\2×"),
+)
+
+
+def _symbols() -> dict[str, str]:
+    from relaxspec_audit.verify import registry
+
+    return {p.name: p.info.symbol for spec in registry.RULES.values() for p in spec.params}
+
+
+def _dict_words(match: re.Match[str]) -> str:
+    # A dict repr spells infinity as a bare name; 1e999 is the literal that parses to it.
+    literal = re.sub(r"\binf\b", "1e999", match.group(0))
+    try:
+        value = ast.literal_eval(re.sub(r"\bnan\b", "None", literal))
+    except (ValueError, SyntaxError):
+        value = None
+    if not isinstance(value, dict):  # keep the text, never a brace
+        return match.group(0).replace("{", "(").replace("}", ")")
+    symbols = _symbols()
+    parts = []
+    for k, v in value.items():
+        shown = "∞" if v == math.inf else (f"{v:g}" if isinstance(v, float) else str(v))
+        parts.append(f"{symbols.get(str(k), str(k))} = {shown}")
+    return ", ".join(parts)
+
+
+def reason_text(reason: Any) -> str:
+    """A verdict reason as a sentence: no Python dicts (``{'theta': 0.9}`` → ``θ = 0.9``).
+
+    Parameter names become their symbols from the rule registry; ``tau`` becomes ``τ``,
+    ``p_noninf`` ``p`` and ``delta +0.01`` ``Δ +0.01``.
+    """
+    out = _DICT.sub(_dict_words, str(reason))
+    for pattern, word in _WORDS:
+        out = pattern.sub(word, out)
+    return out
+
+
+_PAREN = re.compile(r"\s*\([^()]*\)")
+_INTERVAL = re.compile(r"\s*\[[^\[\]]*\]")
+
+
+def short_reason(reason: Any, limit: int = 140) -> str:
+    """One reason cut to a short sentence for the index: parentheses dropped, capitalised.
+
+    ``"confirmation: non-inferior at δ = 0.02 (delta +0.01, CI […], 40 items)"`` →
+    ``"Confirmation: non-inferior at δ = 0.02."``.
+    """
+    out = reason_text(reason)
+    while _PAREN.search(out):
+        out = _PAREN.sub("", out)
+    out = _INTERVAL.sub("", out)
+    if " — " in out:  # a note between a claim and its conclusion: keep the conclusion
+        head, tail = out.split(" — ", 1)
+        out = head + (": " + tail.rsplit(": ", 1)[1] if ": " in tail else "")
+    out = out.strip().rstrip(".:;,")
+    if len(out) > limit:
+        out = out[: limit - 1].rsplit(" ", 1)[0] + "…"
+    return (out[:1].upper() + out[1:] + ("" if out.endswith("…") else ".")) if out else ""
+
+
+def accuracy_pair(row: Mapping[str, Any] | None) -> str:
+    """Absolute accuracy of a setting and of its reference, from one audit row.
+
+    The reference's score is ``score − accuracy_delta``: the delta is the paired
+    difference relaxed − reference on the same items (THEORY §3), so it recovers the
+    reference's mean on the items both runs answered.
+    """
+    if not row or _num(row.get("score")) is None:
+        return "–"
+    out = pct(row["score"])
+    delta = _num(row.get("accuracy_delta"))
+    if delta is not None and not row.get("is_reference"):
+        out += f" (reference {pct(row['score'] - delta)})"
+    return out

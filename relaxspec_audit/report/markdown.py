@@ -11,7 +11,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from relaxspec_audit.report.format import _iv, _md, _pct, _points, _speed
+from relaxspec_audit.report.format import (
+    _iv,
+    _md,
+    _pct,
+    _points,
+    _speed,
+    accuracy_pair,
+    reason_text,
+    yes_no,
+)
 
 
 def choices_markdown(choices: Sequence[Mapping[str, Any]]) -> str:
@@ -19,9 +28,9 @@ def choices_markdown(choices: Sequence[Mapping[str, Any]]) -> str:
     if not choices:
         return "_No relaxed rule among the runs: nothing to choose._"
     lines = [
-        "| rule | verdict | chosen | split | modelled speed-up vs ref. [CI] | τ "
-        "| accuracy Δ [CI] | non-inferior | divergence |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| rule | verdict | chosen | split | N | modelled speed-up vs ref. [CI] | τ "
+        "| accuracy | accuracy Δ [CI] | non-inferior | divergence |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for c in choices:
         for split in ("discovery", "confirmation"):
@@ -29,14 +38,17 @@ def choices_markdown(choices: Sequence[Mapping[str, Any]]) -> str:
             lines.append(
                 f"| {_md(c['rule'])} vs {_md(c['reference'])} | **{_md(c['verdict'])}** "
                 f"| {_md(c.get('setting') or '–')} "
-                f"| {split} | {_speed(row)} "
+                f"| {split} | {'–' if not row else _md(row.get('n_requests', '–'))} "
+                f"| {_speed(row)} "
                 f"| {'–' if not row or row.get('tau') is None else format(row['tau'], '.2f')} "
-                f"| {_points(row)} "
-                f"| {'–' if not row else _md(row.get('noninferior'))} "
+                f"| {accuracy_pair(row)} | {_points(row)} "
+                f"| {'–' if not row else yes_no(row.get('noninferior'))} "
                 f"| {_pct(row.get('divergence')) if row else '–'} |"
             )
     notes = [
-        f"- {_md(c['rule'])}: {_md(r)}" for c in choices for r in [*c["reasons"], *c["caveats"]]
+        f"- {_md(c['rule'])}: {_md(reason_text(r))}"
+        for c in choices
+        for r in [*c["reasons"], *c["caveats"]]
     ]
     return "\n".join(lines + (["", *notes] if notes else []))
 
@@ -106,6 +118,9 @@ def signoff_markdown(summary: Mapping[str, Any]) -> str:
                 f"(reference {conf.get('tau_reference') or float('nan'):.2f})"
             )
         out += [
+            "- accuracy (confirmation"
+            + (f", {_md(conf['n_requests'])} requests" if conf and conf.get("n_requests") else "")
+            + f"): {accuracy_pair(conf)}",
             f"- accuracy delta (confirmation): {_points(conf)}",
             "- outputs differing from the reference: "
             + (_pct(conf.get("divergence")) if conf else "–"),
@@ -116,12 +131,21 @@ def signoff_markdown(summary: Mapping[str, Any]) -> str:
                 f"{_pct(conf.get('identical_rate'))}"
             )
         for r in fam.get("reasons", []):
-            out.append(f"- why: {_md(r)}")
+            out.append(f"- why: {_md(reason_text(r))}")
         for c in fam.get("caveats", []):
-            out.append(f"- caveat: {_md(c)}")
+            out.append(f"- caveat: {_md(reason_text(c))}")
     for e in summary.get("errors", []):
         out.append(f"- **error**: {_md(e)}")
     return "\n".join(out)
+
+
+def _plain(value: Any) -> str:
+    """A manifest value as words: ``{'complete': 16}`` → ``complete: 16``, lists joined."""
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k}: {_plain(v)}" for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return ", ".join(_plain(v) for v in value)
+    return "–" if value is None else str(value)
 
 
 def manifest_markdown(facts: Mapping[str, Any]) -> str:
@@ -143,7 +167,7 @@ def manifest_markdown(facts: Mapping[str, Any]) -> str:
             lines.append(f"| {role} model{f' ({i + 1})' if i else ''} | {desc} |")
     for key in ("seeds", "k", "temperatures", "max_new_tokens", "package_version",
                 "git_commit", "hosts", "n_runs", "statuses", "started_at", "ended_at"):  # fmt: skip
-        lines.append(f"| {key.replace('_', ' ')} | {_md(facts.get(key))} |")
+        lines.append(f"| {key.replace('_', ' ')} | {_md(_plain(facts.get(key)))} |")
     for v in facts.get("versions", []):
         lines.append(f"| versions | {', '.join(f'{_md(k)} {_md(x)}' for k, x in v.items())} |")
     return "\n".join(lines)

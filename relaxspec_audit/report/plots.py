@@ -52,6 +52,53 @@ def _err(frame: Any, est: str, lo: str, hi: str, scale: float = 1.0) -> tuple[An
     return y, np.nan_to_num(yerr), (low, high)
 
 
+_SHARE_TOPS = (0.5, 1, 2, 5, 10, 20, 50)
+
+
+def _share_top(*highs: Any) -> float:
+    """Upper end (in %) of a share axis: 100, or zoomed so shares under 1 % are visible.
+
+    The smallest of 0.5, 1, 2, 5, 10, 20, 50 % above 1.15 × the largest value (interval
+    ends included), else 100.
+    """
+    import numpy as np
+
+    values = [np.asarray(h, dtype=float).ravel() for h in highs]
+    finite = np.concatenate(values) if values else np.array([])
+    finite = finite[np.isfinite(finite)]
+    top = float(finite.max()) if finite.size else 0.0
+    return next((t for t in _SHARE_TOPS if top * 1.15 <= t), 100.0)
+
+
+def _zoomed(label: str, top: float) -> str:
+    """An axis label that says when the share axis does not run to 100 %."""
+    return label if top >= 100 else f"{label}\n(axis zoomed to 0–{top:g}%)"
+
+
+def _distinct(series: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """Series with identical data merged into one, their labels joined.
+
+    Two settings with the same curve draw one line; listing both in a legend would name
+    a series hidden behind the other.
+    """
+    import numpy as np
+
+    out: list[tuple[list[str], Any]] = []
+    for label, data in series:
+        arrays = [np.asarray(a, dtype=float) for a in data]
+        for labels, other in out:
+            same = len(other) == len(arrays) and all(
+                a.shape == b.shape and np.allclose(a, b, equal_nan=True)
+                for a, b in zip(arrays, other, strict=True)
+            )
+            if same:
+                labels.append(label)
+                break
+        else:
+            out.append(([label], arrays))
+    return [(" = ".join(labels), data) for labels, data in out]
+
+
 def rejected_in_nucleus(anatomy: Any, by: str | None = None) -> Any:
     """Share of ratio-test rejections inside the θ nucleus vs θ (THEORY §3), with CI band.
 
@@ -67,18 +114,23 @@ def rejected_in_nucleus(anatomy: Any, by: str | None = None) -> Any:
         _empty(ax, "no rejected drafts")
         return fig
     groups = nuc.partition_by(by, as_dict=True, maintain_order=True) if by else {("",): nuc}
+    series = []
     for key, part in groups.items():
         x = part["theta"].to_numpy()
         y = part["fraction"].to_numpy() * 100
         lo = part["ci_low"].fill_null(float("nan")).to_numpy() * 100
         hi = part["ci_high"].fill_null(float("nan")).to_numpy() * 100
-        (line,) = ax.plot(x, y, marker="o", label=str(key[0]) or None)
+        series.append((str(key[0]), (x, y, lo, hi)))
+    series = _distinct(series)
+    for name, (x, y, lo, hi) in series:
+        (line,) = ax.plot(x, y, marker="o", label=name or None)
         ax.fill_between(x, lo, hi, alpha=0.2, color=line.get_color(), linewidth=0)
-    ax.set_xlabel("θ (nucleus mass threshold)")
-    ax.set_ylabel("rejected drafts inside N_θ (%)")
-    ax.set_ylim(0, 100)
+    top = _share_top(nuc["fraction"] * 100, nuc["ci_high"].fill_null(0.0) * 100)
+    ax.set_xlabel("θ (nucleus mass threshold, probability mass)")
+    ax.set_ylabel(_zoomed("rejected drafts inside N_θ (%)", top))
+    ax.set_ylim(0, top)
     ax.set_title("Drafts the exact rule rejects that NSD at θ would accept")
-    if by:
+    if by and len(series) > 1:
         ax.legend(title=by)
     return fig
 
@@ -95,9 +147,10 @@ def topk_share(anatomy: Any) -> Any:
     y, yerr, _ = _err(top, "fraction", "ci_low", "ci_high", 100)
     labels = [f"top {k}" for k in top["k"].to_list()]
     ax.bar(labels, y, yerr=yerr, capsize=4, color="#4c72b0")
-    ax.set_xlabel("target rank cut-off")
-    ax.set_ylabel("rejected drafts (%)")
-    ax.set_ylim(0, 100)
+    top = _share_top(y + yerr[1])
+    ax.set_xlabel("target rank cut-off (rank under p)")
+    ax.set_ylabel(_zoomed("rejected drafts (%)", top))
+    ax.set_ylim(0, top)
     ax.set_title("Rejected drafts in the target's top k")
     return fig
 
@@ -189,19 +242,24 @@ def acceptance_by_position(acc: Any, label: str = "setting") -> Any:
         if label in acc.columns
         else {("",): acc}
     )
+    series = []
     for key, part in groups.items():
         part = part.sort("pos")
         x = part["pos"].to_numpy() + 1
         y, _, (lo, hi) = _err(part, "accept_rate", "ci_low", "ci_high", 100)
-        (line,) = ax.plot(x, y, marker="o", label=str(key[0]))
+        series.append((str(key[0]), (x, y, lo, hi)))
+    series = _distinct(series)
+    for name, (x, y, lo, hi) in series:
+        (line,) = ax.plot(x, y, marker="o", label=name)
         ax.fill_between(x, lo, hi, alpha=0.07, color=line.get_color(), linewidth=0)
     ax.set_xticks(range(1, int(acc["pos"].max()) + 2))
     ax.set_xlabel("draft position in the block (1 = first)")
     ax.set_ylabel("accepted (% of rounds)")
     ax.set_ylim(0, 100)
     ax.set_title("Acceptance by position")
-    if len(groups) > 1:
-        ax.legend(fontsize=8, ncols=2)
+    if len(series) > 1:
+        # Beside the axes: inside, the legend would hide the curves it names.
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return fig
 
 
@@ -225,7 +283,7 @@ def accuracy_deltas(table: Any, ni_margin: float) -> Any:
     rel = table.filter(~pl.col("is_reference") & pl.col("accuracy_delta").is_not_null())
     fig, ax = _figure(height=max(2.4, 0.45 * rel.height + 1.2))
     if rel.height == 0:
-        _empty(ax, "no scored pairs (task without a scorer?)")
+        _empty(ax, "no scored pairs on this split")
         return fig
     y = np.arange(rel.height)[::-1]
     est, err, _ = _err(rel, "accuracy_delta", "delta_ci_low", "delta_ci_high", 100)
@@ -262,9 +320,13 @@ def divergence(table: Any) -> Any:
     y = np.arange(rel.height)[::-1]
     est, err, _ = _err(rel, "divergence", "divergence_ci_low", "divergence_ci_high", 100)
     ax.barh(y, est, xerr=err, capsize=3, color="#8172b2")
+    top = _share_top(est + err[1])
+    for yi, e in zip(y, est, strict=True):
+        ax.annotate(f"{e:.2g}%" if 0 < e < 1 else f"{e:.1f}%", (0, yi), xytext=(3, 5),
+                    textcoords="offset points", fontsize=8, va="bottom")  # fmt: skip
     ax.set_yticks(y, _labels(rel))
-    ax.set_xlim(0, 100)
-    ax.set_xlabel("requests whose output differs from the reference (%, 95% CI)")
+    ax.set_xlim(0, top)
+    ax.set_xlabel(_zoomed("outputs differing from the reference (% of requests, 95% CI)", top))
     ax.set_ylabel("setting · split")
     ax.set_title("Hash divergence")
     return fig
@@ -279,11 +341,16 @@ def first_divergence(first: Any) -> Any:
     if div.height == 0:
         _empty(ax, "no diverged request")
         return fig
+    import numpy as np
+
     top = int(div["first_pos"].max()) + 1
     bins = min(30, max(top, 1))
-    for key, part in div.partition_by("setting", as_dict=True, maintain_order=True).items():
-        ax.hist(part["first_pos"].to_numpy(), bins=bins, range=(0, top), histtype="step",
-                linewidth=1.5, label=str(key[0]))  # fmt: skip
+    series = [
+        (str(key[0]), (np.sort(part["first_pos"].to_numpy()),))
+        for key, part in div.partition_by("setting", as_dict=True, maintain_order=True).items()
+    ]
+    for name, (pos,) in _distinct(series):
+        ax.hist(pos, bins=bins, range=(0, top), histtype="step", linewidth=1.5, label=name)
     ax.set_xlabel("first divergent token position (0 = first generated token)")
     ax.set_ylabel("diverged requests (count)")
     ax.set_title("Where outputs first differ from the reference")
@@ -303,15 +370,25 @@ def bound_vs_measured(table: Any) -> Any:
         _empty(ax, "no NSD run with E_S on its θ grid and a paired exact run")
         return fig
     x = np.arange(rows.height)
-    ax.bar(x - 0.2, rows["bound"].to_numpy() * 100, 0.4, label="bound mean Π(1 − ε_t)")
-    est, err, _ = _err(rows, "identical_rate", "identical_ci_low", "identical_ci_high", 100)
-    ax.bar(x + 0.2, est, 0.4, yerr=err, capsize=3, label="measured identical (95% CI)")
-    ax.set_xticks(x, _labels(rows))
-    ax.set_ylim(0, 105)
-    ax.set_ylabel("requests with output identical to exact (%)")
+    bound = rows["bound"].to_numpy() * 100
+    ax.scatter(x - 0.08, bound, marker="_", s=400, linewidths=2.5, color="#4c72b0",
+               label="bound mean Π(1 − ε_t)", zorder=3)  # fmt: skip
+    est, err, (lo, _) = _err(rows, "identical_rate", "identical_ci_low", "identical_ci_high", 100)
+    ax.errorbar(x + 0.08, est, yerr=err, fmt="o", capsize=3, color="#dd8452",
+                label="measured identical (95% CI)")  # fmt: skip
+    many = rows.height > 3  # long labels side by side would overlap
+    ax.set_xticks(x, _labels(rows), rotation=20 if many else 0, ha="right" if many else "center")
+    ax.set_xlim(-0.6, rows.height - 0.4)
+    # Both sit near 100 %: a 0–100 axis would hide their gap, so the axis starts below them.
+    floor = float(np.nanmin(np.concatenate([bound, lo, est])))
+    bottom = max(0.0, 5 * np.floor((floor - 2) / 5))
+    ax.set_ylim(bottom, 100.5)
+    ax.set_ylabel(
+        "outputs identical to exact (%)" + (f"\n(axis from {bottom:g}%)" if bottom > 0 else "")
+    )
     ax.set_xlabel("setting · split")
     ax.set_title("(1 − ε)^T coupling bound vs measured")
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=8, loc="lower right")
     return fig
 
 
@@ -321,15 +398,18 @@ def frontier(table: Any, ni_margin: float | None = None, chosen: Sequence[str] =
 
     x: the modelled speed-up over the reference rule (pass counts × the cost table, a
     function of the logs, so the same logs draw the same point); y: accuracy delta in
-    points with CI (or, for a
-    task without a scorer, the share of requests whose output is identical to the
-    reference). References sit at (1, 0). Settings in ``chosen`` are ringed.
+    points with CI (or, for a task without a scorer, the share of requests whose output
+    is identical to the reference). One line per relaxed rule; the references sit at
+    (1, 0), drawn once. Settings in ``chosen`` are ringed. Only the ringed and the Pareto
+    points (no other setting both faster and more accurate) are labelled, and only where
+    the label overlaps no other label; the page's table names every point.
 
     Args:
         table: ``report.audit_table`` rows (one split is clearer).
         ni_margin: non-inferiority margin δ (score units) drawn at −100·δ.
         chosen: setting labels to highlight.
     """
+    import numpy as np
     import polars as pl
 
     fig, ax = _figure(height=4.0)
@@ -338,29 +418,30 @@ def frontier(table: Any, ni_margin: float | None = None, chosen: Sequence[str] =
         _empty(ax, "no settings")
         return fig
     scored = rows["accuracy_delta"].is_not_null().any()
-    for key, part in rows.partition_by("reference", as_dict=True, maintain_order=True).items():
+    points: list[tuple[float, float, str, bool, Any]] = []  # x, y, label, ringed, colour
+    relaxed = rows.filter(~pl.col("is_reference"))
+    for key, part in relaxed.partition_by("rule", as_dict=True, maintain_order=True).items():
         part = part.sort("speedup_vs_reference")
         x = part["speedup_vs_reference"].to_numpy()
         if scored:
-            # References have no interval: draw them as points.
-            part = part.with_columns(
-                pl.col(c).fill_null(pl.col("accuracy_delta"))
-                for c in ("delta_ci_low", "delta_ci_high")
-            )
             y, yerr, _ = _err(part, "accuracy_delta", "delta_ci_low", "delta_ci_high", 100)
         else:
             y = (1 - part["divergence"].fill_null(0.0).to_numpy()) * 100
             yerr = None
-        cont = ax.errorbar(x, y, yerr=yerr, fmt="o-", capsize=3, label=f"vs {key[0]}", alpha=0.9)
-        refs = part["is_reference"].to_list()
-        for j, (xi, yi, name) in enumerate(zip(x, y, part["setting"].to_list(), strict=True)):
-            # Staggered offsets keep labels of nearby settings apart; references go left.
-            offset = (-6, 6) if refs[j] else (4, 4 + 9 * (j % 3))
-            ax.annotate(name, (xi, yi), textcoords="offset points", xytext=offset, fontsize=8,
-                        ha="right" if refs[j] else "left")  # fmt: skip
-            if name in chosen:
-                ax.scatter([xi], [yi], s=220, facecolors="none", edgecolors=cont[0].get_color(),
+        rule = str(key[0])
+        cont = ax.errorbar(x, y, yerr=yerr, fmt="o-", capsize=3, alpha=0.9,
+                           label=f"{rule} vs {part['reference'][0]}")  # fmt: skip
+        color = cont[0].get_color()
+        for xi, yi, name in zip(x, y, part["setting"].to_list(), strict=True):
+            short = name[len(rule) + 1 :] if name.startswith(f"{rule} ") else name
+            ringed = name in chosen
+            points.append((float(xi), float(yi), short, ringed, color))
+            if ringed:
+                ax.scatter([xi], [yi], s=220, facecolors="none", edgecolors=color,
                            linewidths=2, zorder=5)  # fmt: skip
+    if rows["is_reference"].any():
+        ax.scatter([1.0], [0.0 if scored else 100.0], marker="s", s=45, color="0.15", zorder=6,
+                   label="reference rule")  # fmt: skip
     ax.axvline(1.0, color="0.5", linewidth=1)
     if scored:
         ax.axhline(0, color="0.3", linewidth=1)
@@ -372,8 +453,46 @@ def frontier(table: Any, ni_margin: float | None = None, chosen: Sequence[str] =
         ax.set_ylabel("outputs identical to the reference (%)")
     ax.set_xlabel("modelled speed-up over the reference rule (×, pass counts × cost table)")
     ax.set_title("Speed vs fidelity frontier")
-    ax.legend(fontsize=8)
+    # Beside the axes, never over the points.
+    fig.legend(loc="outside right upper", fontsize=8, frameon=False)
+    xy = np.array([(p[0], p[1]) for p in points]) if points else np.zeros((0, 2))
+    labelled = [
+        p
+        for i, p in enumerate(points)
+        if p[3]
+        or not np.any((xy[:, 0] >= xy[i, 0]) & (xy[:, 1] >= xy[i, 1]) & np.any(xy != xy[i], axis=1))
+    ]
+    _place_labels(fig, ax, sorted(labelled, key=lambda p: (not p[3], -p[0])))
     return fig
+
+
+# Label offsets tried in turn (points): right/left of the marker, then further up/down.
+_OFFSETS = [(6, 6), (6, -12), (-6, 6), (-6, -12), (6, 18), (6, -24), (-6, 18), (-6, -24)]
+
+
+def _place_labels(fig: Any, ax: Any, points: Sequence[tuple[float, float, str, bool, Any]]) -> None:
+    """Annotate points where the label overlaps no placed label and stays inside the axes.
+
+    A label that fits nowhere is left out (the page's table names the point); a
+    greedy placement in the order given (ringed points first).
+    """
+    fig.canvas.draw()  # settles the layout, so window extents are final
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    placed: list[Any] = []
+    for x, y, text, ringed, color in points:
+        for dx, dy in _OFFSETS:
+            ann = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points",
+                              fontsize=8, color=color, ha="left" if dx > 0 else "right",
+                              fontweight="bold" if ringed else "normal")  # fmt: skip
+            ann.set_in_layout(False)
+            box = ann.get_window_extent(renderer).expanded(1.05, 1.15)
+            inside = (box.x0 >= frame.x0 and box.x1 <= frame.x1
+                      and box.y0 >= frame.y0 and box.y1 <= frame.y1)  # fmt: skip
+            if inside and not any(box.overlaps(other) for other in placed):
+                placed.append(box)
+                break
+            ann.remove()
 
 
 def run_speed(overview: Any) -> Any:
