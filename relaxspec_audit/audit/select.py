@@ -569,7 +569,7 @@ def _pt(value: float, *, sign: bool = True) -> str:
 
 def _x(value: float | None) -> str:
     """A speed-up or τ for a reason line (``n/a`` when unknown)."""
-    return "n/a" if value is None or not math.isfinite(value) else f"{value:.3g}"
+    return "n/a" if value is None or not math.isfinite(value) else f"{value:.2f}"
 
 
 def needed_items(
