@@ -32,3 +32,8 @@ def cached_pair(target: str, draft: str | None, device: str, dtype: str) -> Any:
     _CACHE.clear()
     _CACHE[key] = load_pair(target, draft, device, dtype)
     return _CACHE[key]
+
+
+def release() -> None:
+    """Drop the cached pair (before worker processes load their own copies)."""
+    _CACHE.clear()

@@ -209,6 +209,10 @@ def run_batch(
                       RuntimeWarning, stacklevel=2)  # fmt: skip
         tables = {}
     bar.update(1)
+    if jobs > 1:  # each worker loads the pair itself: do not hold a third copy meanwhile
+        from relaxspec_audit.batch.pairs import release
+
+        release()
     collected = collect_runs(all_runs, runs_dir, jobs=jobs, on_done=on_done, cost_tables=tables)
     results: list[TaskResult] = []
     for task in plan.tasks:
