@@ -121,3 +121,21 @@ def test_bad_input_is_refused_by_name(runs, tmp_path):
         explorer.divergence_page(runs[0], "story", "nucleus", tmp_path / "x.html")
     with pytest.raises(ValueError, match="max_requests"):
         _page(runs, tmp_path, max_requests=0)
+
+
+def test_long_outputs_draw_a_window_and_unlogged_runs_are_not_called_numerics():
+    from relaxspec_audit.report import explorer
+
+    ids = list(range(1000))
+    texts = [f"t{i}" for i in ids]
+    page = explorer._tokens_html(ids, texts, {}, 500)
+    assert page.count('class="tok ') == 2 * explorer.WINDOW + 1  # bounded, not 1000 spans
+    assert f"… {500 - explorer.WINDOW} tokens before" in page
+    assert f"… {1000 - 501 - explorer.WINDOW} tokens after" in page
+    # A run logged without positions: the divergence is unattributed, and the relaxed
+    # output (as long as the reference's) did not "end first".
+    pair = {"first_pos": 10, "attribution": explorer.UNATTRIBUTED, "cause": None,
+            "output_ids_rel": list(range(16))}  # fmt: skip
+    line = explorer._verdict_line(pair)
+    assert "unattributed" in line and "ended first" not in line
+    assert "ended first" in explorer._verdict_line({**pair, "output_ids_rel": [1, 2]})

@@ -181,3 +181,29 @@ def test_runs_dir_found_from_the_repo_root_and_from_notebooks(tmp_path, monkeypa
     monkeypatch.chdir(repo / "notebooks")
     with pytest.raises(ValueError, match=r"^runs_dir: must be an existing folder"):
         parameters.validate_parameters(runs_dir="missing", task="arith")
+
+
+def test_one_model_spelled_two_ways_is_one_setting_and_replicas_never_pool(tmp_path):
+    model = tmp_path / "models" / "t"
+    model.mkdir(parents=True)
+    a = _run(tmp_path, "aaa", "exact", {}, target=str(model))
+    b = _run(tmp_path, "bbb", "exact", {}, target=str(model) + "/", seed=2)
+    assert check_one_setting([a, b]) is not None  # a trailing slash is the same folder
+    # A noise-floor replica repeats its main run's items: pooled, they would count twice.
+    c = _run(tmp_path, "ccc", "exact", {}, target=str(model), variant="floor-b1", batch_size=1)
+    with pytest.raises(ValueError, match="mixes 2 settings"):
+        check_one_setting([a, c], "--reference")
+
+
+def test_audit_glob_leaves_replicas_out(tmp_path):
+    import click
+
+    from relaxspec_audit._cli.audit import _folders
+
+    a = _run(tmp_path, "aaa", "exact", {})
+    _run(tmp_path, "ccc", "exact", {}, variant="floor-b1", batch_size=1)
+    pattern = str(tmp_path / "task=arith" / "rule=exact" / "run=*")
+    ctx = click.Context(click.Command("audit"))
+    assert _folders(ctx, None, (pattern,)) == (str(a),)
+    replica = str(tmp_path / "task=arith" / "rule=exact" / "run=ccc")
+    assert _folders(ctx, None, (replica,)) == (replica,)  # named directly: kept

@@ -38,6 +38,11 @@ def _folders(ctx: click.Context, param: click.Parameter, values: Any):
         matches = sorted(m for m in glob.glob(value) if Path(m).is_dir())
         if not matches:
             raise click.BadParameter(f"no folder matches {value!r}", ctx, param)
+        # A pattern is a scan, like a parent folder: replica runs (noise floor, coupling)
+        # repeat a main run's items and would be counted twice; name one to audit it.
+        from relaxspec_audit.collect.reader import _is_replica
+
+        matches = [m for m in matches if not _is_replica(Path(m))] or matches
         out.extend(matches)
     return tuple(out)
 

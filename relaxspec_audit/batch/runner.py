@@ -232,7 +232,8 @@ def run_batch(
             except Exception as exc:  # the report says so; the wall clock falls back
                 errors.append(f"timing pass: {type(exc).__name__}: {exc}")
             bar.update(1)
-        pages = _divergence_pages(task, runs_dir, task_dir) if not errors else {}
+        collected_ok = not any(collected[r.to_json()][1] for r in task.all_runs())
+        pages = _divergence_pages(task, runs_dir, task_dir, errors) if collected_ok else {}
         nav = [(f"divergences: {rule}", page) for rule, page in pages.items()]
         notebooks: list[NotebookResult] = []
         for name in plan.notebooks:
@@ -272,13 +273,15 @@ def run_batch(
     return BatchResult(name=plan.name, report_dir=report_dir, index=index, tasks=results)
 
 
-def _divergence_pages(task: TaskPlan, runs_dir: Path, task_dir: Path) -> dict[str, str]:
+def _divergence_pages(
+    task: TaskPlan, runs_dir: Path, task_dir: Path, errors: list[str]
+) -> dict[str, str]:
     """One divergence explorer page per relaxed rule of the task: ``{rule: file name}``.
 
     Built from the logs before the notebooks run, so that every report page links them.
     The confirmation split when the task has one (where the verdict is judged), else its
-    first split. A rule the page cannot be built for is left out (the sign-off still
-    shows its divergence numbers).
+    first split. A rule with nothing to show is left out with a warning; a page that fails
+    otherwise is recorded in ``errors`` (the sign-off still shows its divergence numbers).
     """
     from relaxspec_audit.report import explorer
     from relaxspec_audit.verify.registry import RULES
@@ -295,8 +298,11 @@ def _divergence_pages(task: TaskPlan, runs_dir: Path, task_dir: Path) -> dict[st
             nav = [("index", "../index.html"), ("sign-off", "signoff.html")]
             explorer.divergence_page(runs_dir, task.task, rule, task_dir / name, split=split,
                                      links=nav)  # fmt: skip
-        except ValueError as exc:
+        except ValueError as exc:  # e.g. no run of the rule on that split: nothing to show
             warnings.warn(f"{task.slug}: no divergence page for {rule}: {exc}", stacklevel=2)
+            continue
+        except Exception as exc:  # a defect or a bad log: recorded, the batch goes on
+            errors.append(f"divergence page {rule}: {type(exc).__name__}: {exc}")
             continue
         pages[rule] = name
     return pages

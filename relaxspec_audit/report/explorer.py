@@ -150,7 +150,22 @@ def _pairs(rel_dir: str, ref_dir: str, rule: str) -> Any:
                                rule_recovery=rule in ("typical", "fuzzy"))  # fmt: skip
     att = att.select(pl.col("request_id").alias("request_id_rel"), "attribution", "cause", "kind")
     pairs = pairs.join(att, on="request_id_rel", how="left")
+    if logs.read_manifest(rel_dir).get("config", {}).get("log_positions") is False:
+        # Without position rows no decision can be read: never call such a divergence
+        # "numerics" (attribute_divergence finds no departure there).
+        diverged = pl.col("first_pos").is_not_null()
+        pairs = pairs.with_columns(
+            pl.when(diverged).then(pl.lit(UNATTRIBUTED)).otherwise(None).alias("attribution"),
+            pl.lit(None, pl.String).alias("cause"),
+            pl.lit(None, pl.String).alias("kind"),
+        )
     return pairs.sort(["first_pos", "item_id", "sample"], nulls_last=True)
+
+
+#: Tokens drawn each side of a request's first divergence (the rest is summarised).
+WINDOW = 64
+#: Attribution of a divergence in a run logged without positions (no decision to read).
+UNATTRIBUTED = "unattributed"
 
 
 def _emitted(run_dir: str, request_ids: Sequence[str]) -> dict[str, dict[int, dict]]:
@@ -220,15 +235,24 @@ def _title(t: int, token_id: int, row: Mapping[str, Any] | None) -> str:
 def _tokens_html(
     ids: Sequence[int], texts: Sequence[str], rows: Mapping[int, Mapping], first: int | None
 ) -> str:
-    """One output as coloured token spans, the first divergent one marked."""
-    spans = []
-    for t, (token_id, text) in enumerate(zip(ids, texts, strict=True)):
+    """One output as coloured token spans, the first divergent one marked.
+
+    Only a window of :data:`WINDOW` tokens each side of the first divergence is drawn:
+    every span carries its details, so whole long outputs would make pages of tens of MB.
+    """
+    centre = first if first is not None else 0
+    lo, hi = max(0, centre - WINDOW), min(len(ids), centre + WINDOW + 1)
+    spans = [f'<span class="xp-end">… {lo} tokens before</span>'] if lo else []
+    for t in range(lo, hi):
+        token_id, text = ids[t], texts[t]
         row = rows.get(t)
         cls = f"tok {_cause_class(row)}" + (f" {FIRST_CLASS}" if t == first else "")
         spans.append(
             f'<span class="{cls}" title="{html.escape(_title(t, token_id, row))}">'
             f"{html.escape(text)}</span>"
         )
+    if hi < len(ids):
+        spans.append(f'<span class="xp-end">… {len(ids) - hi} tokens after</span>')
     if first is not None and first >= len(ids):
         spans.append('<span class="xp-end">▸ output ends here</span>')
     # <wbr>: lines break between tokens; overflow-wrap breaks inside only an over-long one.
@@ -241,7 +265,8 @@ def _verdict_line(pair: Mapping[str, Any]) -> str:
     if first is None:
         return "identical outputs"
     why = pair.get("attribution") or "?"
-    cause = pair.get("cause") or "the relaxed output ended first"
+    ended = len(pair.get("output_ids_rel") or []) <= first
+    cause = pair.get("cause") or ("the relaxed output ended first" if ended else "no position row")
     kind = f", {pair['kind']} row" if pair.get("kind") else ""
     text = f"first divergence at token {first}: {why} ({cause}{kind})"
     return html.escape(text)
@@ -342,11 +367,18 @@ def _section(
     ref_rows = _emitted(ref_dir, shown["request_id_ref"].to_list())
     tokenizer, why = _tokenizer_for(row["run_dir"])
     n_rule = int((diverged["attribution"] == "rule").sum())
+    n_num = int((diverged["attribution"] == "numerics").sum())
+    n_none = diverged.height - n_rule - n_num
+    unread = (
+        f" {n_none} cannot be attributed (the run was collected without position logs)."
+        if n_none
+        else ""
+    )
     body = [
         f" against {html.escape(ref_rule)} run {html.escape(_run_id(ref_dir))}"
         f"</p>\n<p>{diverged.height} of {pairs.height} outputs differ from the reference; "
         f"of the first divergences, {n_rule} are at a decision of the relaxed rule and "
-        f"{diverged.height - n_rule} are numerical.</p>"
+        f"{n_num} are numerical.{unread}</p>"
     ]
     if diverged.height > cap:
         body.append(

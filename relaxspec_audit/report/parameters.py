@@ -26,15 +26,21 @@ def resolve_runs_dir(runs_dir: str | Path) -> str | Path:
     """``runs_dir`` as given if it exists, else relative to the repository root.
 
     A notebook's default ``runs_dir = "runs"`` is relative to the kernel's working
-    folder, which is the repository root from ``make lab`` and ``notebooks/`` when the
-    notebook is opened there; both must find the same runs. An absolute path, or one
-    found nowhere, is returned unchanged (the check then names it).
+    folder, which is ``notebooks/`` under ``make lab`` and the repository root when a
+    notebook is run from there (papermill, the batch); both must find the same runs. An
+    absolute path, or one found nowhere, is returned unchanged (the check then names it).
+    Falling back to the repository's folder is said on stderr, so that a notebook run
+    from elsewhere never audits the checkout's runs silently.
     """
     path = Path(runs_dir)
     if path.is_absolute() or path.is_dir() or not str(runs_dir):
         return runs_dir
     in_repo = _REPO_ROOT / path
     if in_repo.is_dir() and (_REPO_ROOT / "pyproject.toml").is_file():
+        import sys
+
+        print(f"runs_dir: {runs_dir!r} is not under {Path.cwd()}; using {in_repo}",
+              file=sys.stderr)  # fmt: skip
         return str(in_repo)
     return runs_dir
 

@@ -266,8 +266,24 @@ def setting_key(manifest: Mapping[str, Any]) -> dict[str, Any]:
     key: dict[str, Any] = {"rule": rule, "params": params}
     for field in _SETTING_FIELDS:
         value = cfg.get(field)
+        if field in ("target", "draft"):
+            value = _model_identity(value)
         key[field] = float(value) if field == "temperature" and value is not None else value
+    # A replica (noise floor at another batch size or dtype, coupling on another seed)
+    # repeats its main run's items: pooled with it, those items would count twice.
+    key["variant"] = cfg.get("variant")
     return key
+
+
+def _model_identity(path: Any) -> Any:
+    """A local model folder as its resolved path (a hub id as given).
+
+    ``runs/../target`` and ``target/`` are one model; the raw strings would split them.
+    (The manifest's ``config_sha256`` cannot serve: the config it hashes records the path.)
+    """
+    if path and Path(str(path)).exists():
+        return str(Path(str(path)).resolve())
+    return path
 
 
 def _key_label(key: Mapping[str, Any]) -> str:
