@@ -94,12 +94,9 @@ def _speed(row: Mapping[str, Any] | None) -> str:
 
 def _iv(iv: Mapping[str, Any] | None) -> str:
     """A speed-up interval dict (``speedup, ci_low, ci_high``) as ``1.23× [1.10, 1.40]``."""
-    if not iv or iv.get("speedup") is None:
+    if not iv:
         return "–"
-    s = f"{iv['speedup']:.2f}×"
-    if iv.get("ci_low") is not None and iv.get("ci_high") is not None:
-        s += f" [{iv['ci_low']:.2f}, {iv['ci_high']:.2f}]"
-    return s
+    return times(iv.get("speedup"), iv.get("ci_low"), iv.get("ci_high"))
 
 
 # ---------------------------------------------------------------------- tables for readers

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from relaxspec_audit.report.format import _iv
+
 #: Label of wall-clock speed-ups taken from the collection runs themselves.
 COLLECTION_LABEL = (
     "wall clock of the collection runs (decoded at different times, so machine load moves "
@@ -87,13 +89,6 @@ def speed_facts(
     }
 
 
-def _fmt(iv: Mapping[str, Any]) -> str:
-    s = f"{iv['speedup']:.2f}×"
-    if iv.get("ci_low") is not None and iv.get("ci_high") is not None:
-        s += f" [{iv['ci_low']:.2f}, {iv['ci_high']:.2f}]"
-    return s
-
-
 def speculation_sentence(
     vs_target: Mapping[str, Any] | None, reference_vs_target: Mapping[str, Any] | None
 ) -> str:
@@ -107,18 +102,18 @@ def speculation_sentence(
     if hi is not None and hi < 1.0:
         out = (
             f"Speculation does not pay on this pair, device and batch size: this setting "
-            f"decodes at {_fmt(vs_target)} the speed of target-only decoding (modelled), so "
+            f"decodes at {_iv(vs_target)} the speed of target-only decoding (modelled), so "
             "plain decoding is faster whatever the verdict on fidelity."
         )
     elif lo is not None and lo > 1.0:
-        out = f"Speculation pays here: {_fmt(vs_target)} over target-only decoding (modelled)."
+        out = f"Speculation pays here: {_iv(vs_target)} over target-only decoding (modelled)."
     else:
         out = (
-            f"Not shown faster than target-only decoding: {_fmt(vs_target)} (modelled); "
+            f"Not shown faster than target-only decoding: {_iv(vs_target)} (modelled); "
             "the interval includes 1."
         )
     if reference_vs_target is not None:
-        out += f" The lossless reference alone runs at {_fmt(reference_vs_target)}."
+        out += f" The lossless reference alone runs at {_iv(reference_vs_target)}."
     return out
 
 

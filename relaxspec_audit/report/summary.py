@@ -195,20 +195,19 @@ def recommend(
 
 
 def fastest_setting(rows: Any) -> str | None:
-    """Label of the fastest setting among audit rows, as ``select._fastest`` ranks them.
+    """Label of the fastest setting among audit rows: ``select._fastest``'s ranking.
 
     By the modelled speed-up over the reference, then τ (both functions of the logs); ties
     go to the larger accuracy delta, the smaller ε, then the smaller setting value. Never
     by wall clock: equal logs show the same setting.
     """
+    from relaxspec_audit.audit.select import _fastest
+
     if not rows.height:
         return None
-    ranked = rows.sort(
-        ["speedup_vs_reference", "tau", "accuracy_delta", "eps_mean", "value", "setting"],
-        descending=[True, True, True, False, False, False],
-        nulls_last=True,
-    )
-    return ranked["setting"][0]
+    names = {"speedup_vs_reference": "speedup", "accuracy_delta": "delta", "eps_mean": "eps"}
+    frame = rows.rename({k: v for k, v in names.items() if k in rows.columns})
+    return _fastest(frame, ["value", "setting"])["setting"]
 
 
 def _guarded(fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
