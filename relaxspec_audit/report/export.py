@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from relaxspec_audit.report.anatomy import anatomy_line
 from relaxspec_audit.report.format import _iv, _now, _pct, _points, accuracy_pair, short_reason
 
 _CSS = """
@@ -197,7 +198,13 @@ def write_index(report_dir: str | Path, summaries: Sequence[Mapping[str, Any]]) 
             cells = [
                 f'<td rowspan="{len(families)}"><b>{html.escape(s["task"])}</b><br>'
                 f'<span class="muted">{html.escape(s.get("status", "?"))}<br>'
-                f"{html.escape(_task_terms(s))}</span></td>"
+                f"{html.escape(_task_terms(s))}</span>"
+                + (
+                    f'<br><span class="muted">{html.escape(a)}</span>'
+                    if (a := anatomy_line(s))
+                    else ""
+                )
+                + "</td>"
                 if i == 0
                 else "",
                 f"<td>{html.escape(fam.get('rule', '–'))} vs "

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from relaxspec_audit._compat import renamed_kwargs
+from relaxspec_audit.report.anatomy import RATIO_TEST_RULE, anatomy_block
 from relaxspec_audit.report.audits import audit_table
 from relaxspec_audit.report.coupling import coupling_facts
 from relaxspec_audit.report.format import _now
@@ -27,6 +28,7 @@ from relaxspec_audit.report.speed import speed_facts
 SUMMARY_SCHEMA = "relaxspec_audit.summary"
 #: 3: verdict ``NO-GAIN``; the rows' speed-ups are modelled (wall clock in ``wall_*``);
 #: per family ``speed``, ``noise_floor``, ``attribution``, ``loglik``, ``coupling``.
+#: The top-level ``rejection_anatomy`` was added within 3 (an added key: compatible).
 SUMMARY_SCHEMA_VERSION = 3
 
 
@@ -304,7 +306,10 @@ def task_summary(
         table: a precomputed :func:`audit_table` of both splits (else computed).
 
     Returns:
-        A JSON-ready dict; statistics that fail are recorded in ``errors``.
+        A JSON-ready dict; statistics that fail are recorded in ``errors``. Its
+        ``rejection_anatomy`` is :func:`~relaxspec_audit.report.anatomy.anatomy_block`
+        (where the ``exact`` runs' rejected drafts lie, THEORY §3); a failure there shows
+        as that block's ``error``, like the evidence blocks of a family.
     """
     from relaxspec_audit import __version__
     from relaxspec_audit.collect.config import task_slug
@@ -333,6 +338,12 @@ def task_summary(
         facts = manifest_facts(runs_dir, task)
     except Exception as exc:  # the summary must still be written, saying what failed
         errors.append(f"summary: {type(exc).__name__}: {exc}")
+    try:
+        anatomy = anatomy_block(runs_dir, task, alpha=alpha)
+    except Exception as exc:  # evidence beside the verdicts: its failure shows in the block
+        error = f"{type(exc).__name__}: {exc}"
+        anatomy = {"rule": RATIO_TEST_RULE, "alpha": alpha, "runs": [],
+                   "note": f"not computed: {error}", "error": error}  # fmt: skip
     summary = {
         "schema": SUMMARY_SCHEMA,
         "schema_version": SUMMARY_SCHEMA_VERSION,
@@ -346,6 +357,7 @@ def task_summary(
         "alpha": alpha,
         "min_gain": min_gain,
         "families": families,
+        "rejection_anatomy": anatomy,
         "manifest": facts,
         "n_runs": facts.get("n_runs"),
         "notebooks": [],
