@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test lint venv bench models real real-test lab clean-venv
+.PHONY: demo test lint venv bench models pair-check real real-test lab clean-venv
 
 venv: $(STAMP)
 
@@ -32,11 +32,14 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_batched.py
 	$(BIN)/python benchmarks/bench_stats.py
 
-# Rebuild the embedded pair: the base run, then the target's second seeded cycle
-# (data/models/arith/MODEL_CARD.md).
+# Rebuild the embedded pair (data/models/arith/MODEL_CARD.md), seeded, on 2 threads.
 models: $(STAMP)
-	$(BIN)/python -m relaxspec_audit.models.zoo --out data/models/arith --seed 0 --threads 1
-	$(BIN)/python -m relaxspec_audit.models.zoo --out data/models/arith --continue-role target --continue-steps 1000 --continue-lr 0.001
+	$(BIN)/python -m relaxspec_audit.models.zoo --out data/models/arith --seed 0 --threads 2
+
+# The pair against its targets (speculation pays, NSD has something to decide), from the
+# demo batch's logs: run `make demo` first. Writes data/models/arith/pair_check.{json,md}.
+pair-check: $(STAMP)
+	$(BIN)/python -m relaxspec_audit.models.pair_check --runs runs --reports reports/demo --out data/models/arith
 
 # The real Qwen2.5-Coder pair (docs/REAL_AUDIT.md): ~1.6 GB of downloads, ~10 GB cache,
 # ~9 GB RAM while dequantising. Not part of `make test`.

@@ -9,6 +9,7 @@ sample: greedy correctness per item (deterministic) and the `exact`-rule accepta
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,6 +19,9 @@ from relaxspec_audit import tasks
 from relaxspec_audit.models import zoo
 
 PAIR = Path(__file__).resolve().parent.parent / "data" / "models" / "arith"
+# Targets of issue 15 the committed pair does not meet (MODEL_CARD.md, pair_check.md say
+# why); a regression elsewhere fails the pair-check test.
+KNOWN_MISSES: set[str] = {"entropy_at_rejection"}
 
 
 @pytest.fixture(scope="module")
@@ -107,17 +111,78 @@ def test_models_stop_with_eos_after_the_answer(pair):
 
 
 def test_recorded_numbers_meet_the_realism_targets(metrics):
+    # Issue 15's ranges: a target a deployment would use, a draft worse but not useless.
     arith = metrics["accuracy"]["arith"]
-    assert arith["n"] == 120
+    assert arith["n"] == 2 * tasks.BUNDLED_PER_SPLIT
     assert 0.70 <= arith["target"] <= 0.97
-    # The draft is clearly worse at the answer (it is fluent, but cannot add).
-    assert arith["draft"] <= arith["target"] - 0.3
+    assert 0.10 <= arith["draft"] <= 0.60 and arith["draft"] < arith["target"] - 0.2
     assert len(arith["target_correct"]) == round(arith["target"] * arith["n"])
-    alpha = metrics["acceptance"]["all"]["alpha"]
+    t1 = metrics["accuracy_t1"]["arith"]
+    assert t1["n"] == arith["n"] and t1["draft"] < t1["target"]
+    alpha = metrics["acceptance"]["arith"]["alpha"]
     assert 0.5 <= alpha <= 0.9
     assert metrics["acceptance"]["all"]["positions"] > 5000
+    assert sum(metrics["weights_bytes"].values()) <= 30e6
+    assert metrics["train_total_s"] <= 40 * 60
     card = (PAIR / "MODEL_CARD.md").read_text()
     assert f"{100 * arith['target']:.1f}%" in card and f"{alpha:.3f}" in card
+
+
+def test_both_corpora_pose_the_same_problems_in_their_own_phrasing():
+    cfg = replace(zoo.ZooConfig(), n_arith=4000, n_sort=10, n_story=10)
+    target = zoo.training_examples(cfg, "target")["arith"]
+    draft = zoo.training_examples(cfg, "draft")["arith"]
+    assert [p for p, _ in target] == [p for p, _ in draft]
+    assert sum(a != b for (_, a), (_, b) in zip(target, draft, strict=True)) > 1000
+    # Every phrasing is a correct solution: the scorer reads the same answer from both.
+    item = tasks.load_task("arith").items[0]
+    for (prompt, a), (_, b) in zip(target[:500], draft[:500], strict=True):
+        want = tasks.extract_answer(a)
+        assert want is not None and tasks.extract_answer(b) == want
+        terms = re.findall(r"[+-]?\d+", prompt.split("=")[0])
+        assert sum(int(t) for t in terms) == want
+    assert tasks.extract_answer(" " + item.metadata["solution"]) == float(item.reference)
+
+
+@pytest.mark.parametrize("role", ["target", "draft"])
+def test_corpus_phrasing_matches_its_style(role):
+    # Opener frequencies of 4,000 generated solutions against the style's weights: a
+    # multinomial share's SE is at most sqrt(0.25 / 4000) = 0.0079, so 0.04 is > 5 SE.
+    cfg = replace(zoo.ZooConfig(), n_arith=4000, n_sort=10, n_story=10)
+    style = {"target": tasks.TARGET_STYLE, "draft": tasks.DRAFT_STYLE}[role]
+    completions = [c for _, c in zoo.training_examples(cfg, role)["arith"]]
+    for opener, weight in zip(tasks.OPENERS[1:], style.openers[1:], strict=True):
+        share = sum(c.startswith(" " + opener) for c in completions) / len(completions)
+        assert share == pytest.approx(weight, abs=0.04), opener
+
+
+def test_style_weights_are_checked():
+    with pytest.raises(ValueError, match=r"ArithStyle\.openers"):
+        tasks.ArithStyle((0.5, 0.5), 0.5, tasks.TARGET_STYLE.connectors, (0.5, 0.5))
+    with pytest.raises(ValueError, match="keep_order"):
+        tasks.ArithStyle(tasks.TARGET_STYLE.openers, 1.5, tasks.TARGET_STYLE.connectors,
+                         (0.5, 0.5))  # fmt: skip
+
+
+def test_target_is_uncertain_where_the_phrasing_is_free(pair):
+    # The first completion token chooses the opener: the trained target spreads its mass
+    # over the openers roughly as its corpus does (entropy well above 0.5 nats), while
+    # at a digit of the answer it is nearly certain. Held-out prompts, greedy-free.
+    import torch
+
+    target, _, tok = pair
+    items = tasks.load_task("arith", limit=40).items
+    first = [tok(" " + o.rstrip())["input_ids"][0] for o in tasks.OPENERS[1:]]
+    mass, entropy = torch.zeros(len(first)), []
+    with torch.no_grad():
+        for item in items:
+            ids = torch.tensor([tok(item.prompt)["input_ids"]])
+            p = torch.softmax(target(ids).logits[0, -1].float(), -1)
+            mass += p[first] / len(items)
+            entropy.append(-(p * p.clamp_min(1e-12).log()).sum().item())
+    for m, w in zip(mass.tolist(), tasks.TARGET_STYLE.openers[1:], strict=True):
+        assert m == pytest.approx(w, abs=0.1)
+    assert sum(entropy) / len(entropy) > 0.5
 
 
 @pytest.mark.parametrize("task_name", ["arith", "sort"])
@@ -172,3 +237,16 @@ def test_training_is_deterministic_in_the_seed(pair):
         weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     assert info["steps"] == 3 and info["final_loss"] > 0
     assert torch.equal(weights[0], weights[1])
+
+
+def test_committed_pair_check_is_of_this_pair_and_meets_its_targets():
+    # data/models/arith/pair_check.json is `make pair-check` on a demo batch of the
+    # committed weights (MODEL_CARD.md); a retrained pair without a new check fails here.
+    from relaxspec_audit.models import pair_check
+
+    check = json.loads((PAIR / "pair_check.json").read_text())
+    assert check["inputs"]["weights_sha256"] == pair_check.weights_sha256(PAIR)
+    assert {t["target"] for t in check["targets"]} == set(pair_check.TARGETS)
+    missed = [t["target"] for t in check["targets"] if not t["met"]]
+    assert set(missed) <= KNOWN_MISSES, missed
+    assert check["n_met"] == len(check["targets"]) - len(missed)

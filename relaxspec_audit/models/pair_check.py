@@ -282,6 +282,17 @@ def exact_rows(runs: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def weights_sha256(pair: Path) -> dict[str, str]:
+    """sha256 of each model's weights: binds a committed check to the pair it checked."""
+    import hashlib
+
+    return {
+        role: hashlib.sha256(b"".join(f.read_bytes() for f in sorted((pair / role).glob(
+            "*.safetensors")))).hexdigest()
+        for role in ("target", "draft")
+    }  # fmt: skip
+
+
 def _binomial_ci(correct: int, n: int) -> tuple[float, float]:
     """Clopper & Pearson (1934) exact interval of ``correct / n`` (items independent)."""
     from scipy.stats import binomtest
@@ -401,7 +412,8 @@ def check(runs: str | Path, reports: str | Path, pair: str | Path) -> dict[str, 
     return {
         "schema": "relaxspec_audit.pair_check", "schema_version": 1,
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "inputs": {"runs": str(runs), "reports": str(reports), "pair": str(pair)},
+        "inputs": {"runs": str(runs), "reports": str(reports), "pair": str(pair),
+                   "weights_sha256": weights_sha256(pair)},
         "met": not missed, "n_met": n_met, "n_targets": len(targets), "verdict": verdict,
         "targets": targets, "measurements": rows,
     }  # fmt: skip

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -63,30 +65,42 @@ class ZooConfig:
     n_arith: int = 60_000  # training examples per task (bundled items excluded)
     n_sort: int = 12_000
     n_story: int = 20_000
-    mix: tuple[float, float, float] = (0.6, 0.15, 0.25)  # batch share of arith/sort/story
+    # Batch share of arith/sort/story. Sorting is easy for a transformer: a small share
+    # keeps both models from mastering it (the draft must stay clearly worse).
+    mix: tuple[float, float, float] = (0.67, 0.08, 0.25)
     batch_size: int = 32
     threads: int = 2
-    target: ModelSpec = ModelSpec(128, 4, 4, 384, 3000, 3e-3)
-    draft: ModelSpec = ModelSpec(96, 2, 3, 256, 300, 3e-3)
+    # On a CPU at these sizes a call's cost is mostly per-layer overhead, not width: six
+    # target blocks against two draft blocks is what makes a draft call cheap enough for
+    # speculation to pay. Two blocks is the least that can copy the operands from the
+    # prompt (an induction head needs two); one block could not (3% accuracy).
+    target: ModelSpec = ModelSpec(128, 6, 4, 384, 2500, 3e-3)
+    draft: ModelSpec = ModelSpec(64, 2, 2, 192, 2200, 3e-3)
+    # The phrasing each model's corpus is drawn with (tasks.bundled.ArithStyle).
+    target_style: tasks.ArithStyle = tasks.TARGET_STYLE
+    draft_style: tasks.ArithStyle = tasks.DRAFT_STYLE
 
 
 # ------------------------------------------------------------------------- data
 
 
-def training_examples(cfg: ZooConfig) -> dict[str, list[tuple[str, str]]]:
+def training_examples(cfg: ZooConfig, role: str = "target") -> dict[str, list[tuple[str, str]]]:
     """Generate ``(prompt, completion)`` pairs per task, without the bundled prompts.
 
     Args:
         cfg: Sizes and seed.
+        role: ``target`` or ``draft``: whose arithmetic phrasing (``cfg.*_style``) the
+            corpus uses; the problems come from the same seeded stream.
 
     Returns:
         ``{"arith": [...], "sort": [...], "story": [...]}``.
     """
     held_out = tasks.held_out_prompts()
+    style = {"target": cfg.target_style, "draft": cfg.draft_style}[role]
     rng = random.Random(cfg.seed * 1_000_003 + 17)
     out: dict[str, list[tuple[str, str]]] = {"arith": [], "sort": [], "story": []}
     makers = {
-        "arith": (tasks.arith_example, cfg.n_arith),
+        "arith": (lambda r: tasks.arith_example(r, style), cfg.n_arith),
         "sort": (tasks.sort_example, cfg.n_sort),
         "story": (tasks.story_example, cfg.n_story),
     }
@@ -285,30 +299,52 @@ def count_params(model: Any) -> int:
 # ------------------------------------------------------------------- measurement
 
 
-def greedy_complete(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int = 48) -> str:
-    """Greedy completion of one prompt, stopping at eos; returns the decoded new text."""
+def greedy_complete(
+    model: Any, tokenizer: Any, prompt: str, max_new_tokens: int = 48, temperature: float = 0.0
+) -> str:
+    """Completion of one prompt, stopping at eos; returns the decoded new text.
+
+    Greedy at ``temperature`` 0, else sampled at that temperature (no top-k/top-p) from
+    torch's global generator (seed it first for a reproducible draw).
+    """
     import torch
 
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"]  # [1, T]
+    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
     with torch.no_grad():
         out = model.generate(
             ids,
             attention_mask=torch.ones_like(ids),
             max_new_tokens=max_new_tokens,
-            do_sample=False,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
+            **(sampling if temperature > 0 else {"do_sample": False}),
         )
     return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
 def item_scores(
-    model: Any, tokenizer: Any, task: tasks.Task, limit: int | None = None
+    model: Any,
+    tokenizer: Any,
+    task: tasks.Task,
+    limit: int | None = None,
+    temperature: float = 0.0,
+    seed: int = 0,
 ) -> dict[str, float | None]:
-    """Greedy score of ``model`` on each item (first ``limit``), keyed by item id."""
+    """Score of ``model`` on each item (first ``limit``), keyed by item id.
+
+    Greedy at ``temperature`` 0; else one sample per item at that temperature, seeded
+    by ``seed`` once for the whole pass.
+    """
+    import torch
+
     items = task.items if limit is None else task.items[:limit]
+    torch.manual_seed(seed)
     return {
-        item.id: task.score(item, greedy_complete(model, tokenizer, item.prompt)) for item in items
+        item.id: task.score(
+            item, greedy_complete(model, tokenizer, item.prompt, temperature=temperature)
+        )
+        for item in items
     }
 
 
@@ -384,7 +420,8 @@ def measure(target: Any, draft: Any, tokenizer: Any, seed: int = 0) -> dict[str,
 
     Accuracy is greedy over every bundled item of ``arith`` and ``sort`` (both splits;
     none of these prompts is in the training data); the ids of the items each model
-    gets right are kept, so a test can re-check any subset exactly. Acceptance is
+    gets right are kept, so a test can re-check any subset exactly; ``accuracy_t1`` is
+    the same with one sample per item at temperature 1. Acceptance is
     :func:`acceptance_rate` over the prompts of ``arith``, ``sort`` and ``story``, per
     task and pooled over positions (``all``), plus the ``check`` sample.
 
@@ -395,9 +432,10 @@ def measure(target: Any, draft: Any, tokenizer: Any, seed: int = 0) -> dict[str,
         seed: Seed of the target's sampling.
 
     Returns:
-        ``{"accuracy": {task: {...}}, "acceptance": {task: {...}}, "check": {...}}``.
+        ``{"accuracy": {task: {...}}, "accuracy_t1": {task: {...}},
+        "acceptance": {task: {...}}, "check": {...}}``.
     """
-    result: dict[str, Any] = {"accuracy": {}, "acceptance": {}, "check": {}}
+    result: dict[str, Any] = {"accuracy": {}, "accuracy_t1": {}, "acceptance": {}, "check": {}}
     for name in ("arith", "sort"):
         task = tasks.load_task(name)
         row: dict[str, Any] = {"n": len(task.items)}
@@ -406,6 +444,16 @@ def measure(target: Any, draft: Any, tokenizer: Any, seed: int = 0) -> dict[str,
             row[role] = sum(scores.values()) / len(scores)
             row[f"{role}_correct"] = sorted(k for k, v in scores.items() if v)
         result["accuracy"][name] = row
+        # One sample per item at T = 1, the temperature of the demo's sampled rules.
+        result["accuracy_t1"][name] = {
+            "n": len(task.items),
+            **{
+                role: statistics.fmean(
+                    item_scores(model, tokenizer, task, temperature=1.0, seed=seed).values()
+                )
+                for role, model in (("target", target), ("draft", draft))
+            },
+        }
     total, n = 0.0, 0
     for name in ("arith", "sort", "story"):
         prompts = [item.prompt for item in tasks.load_task(name).items]
@@ -421,6 +469,29 @@ def measure(target: Any, draft: Any, tokenizer: Any, seed: int = 0) -> dict[str,
 
 
 # ---------------------------------------------------------------------- building
+
+
+def prepare(cfg: ZooConfig, roles: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
+    """The tokenizer and each role's encoded training data.
+
+    The tokenizer is learned on the target's corpus (the draft's has the same phrasings,
+    drawn with other weights), so both models share one vocabulary.
+
+    Returns:
+        ``(tokenizer, {role: {task: encoded examples}})``.
+    """
+    corpus = {"target": training_examples(cfg, "target")}
+    tokenizer = build_tokenizer(
+        [p + c for pairs in corpus["target"].values() for p, c in pairs], cfg.vocab_size
+    )
+    data = {}
+    for role in roles:
+        examples = corpus.get(role) or training_examples(cfg, role)
+        data[role] = {
+            name: encode_examples(tokenizer, pairs, loss_on_prompt=(name == "story"))
+            for name, pairs in examples.items()
+        }
+    return tokenizer, data
 
 
 def load_pair(path: str | Path) -> tuple[Any, Any, Any]:
@@ -463,14 +534,9 @@ def build(
     # fixed thread count; a different count may change float summation order).
     torch.set_num_threads(cfg.threads)
     out = Path(out)
+    load_start = os.getloadavg()[0]
     t0, cpu0 = time.perf_counter(), time.process_time()
-    examples = training_examples(cfg)
-    texts = [p + c for pairs in examples.values() for p, c in pairs]
-    tokenizer = build_tokenizer(texts, cfg.vocab_size)
-    data = {
-        name: encode_examples(tokenizer, pairs, loss_on_prompt=(name == "story"))
-        for name, pairs in examples.items()
-    }
+    tokenizer, data = prepare(cfg, roles)
     prep_s = time.perf_counter() - t0
     cpu_prep_s = time.process_time() - cpu0
     log(f"data + tokenizer: {prep_s:.1f}s, vocab {len(tokenizer)}")
@@ -484,7 +550,7 @@ def build(
         spec, seed = specs[role]
         model = make_model(spec, tokenizer, seed)
         log(f"{role}: {count_params(model):,} parameters")
-        info = train_model(model, data, spec, cfg, seed, log=log)
+        info = train_model(model, data[role], spec, cfg, seed, log=log)
         info["params"] = count_params(model)
         metrics["models"][role] = info
         model.save_pretrained(out / role)
@@ -498,6 +564,8 @@ def build(
         "platform": platform.platform(),
         "torch": torch.__version__,
         "threads": cfg.threads,
+        # A build time is only comparable on a quiet machine: say how quiet it was.
+        "load_avg": [load_start, os.getloadavg()[0]],
     }
     previous.parent.mkdir(parents=True, exist_ok=True)
     previous.write_text(json.dumps(metrics, indent=2) + "\n")
@@ -540,22 +608,25 @@ def continue_training(
     raw = dict(metrics["config"])
     raw["mix"] = tuple(raw["mix"])
     raw["target"], raw["draft"] = ModelSpec(**raw["target"]), ModelSpec(**raw["draft"])
+    for key in ("target_style", "draft_style"):
+        style = raw[key]
+        raw[key] = tasks.ArithStyle(
+            tuple(style["openers"]),
+            style["keep_order"],
+            tuple(style["connectors"]),
+            tuple(style["answers"]),
+        )
     cfg = ZooConfig(**raw)
     torch.set_num_threads(cfg.threads)
     t0, cpu0 = time.perf_counter(), time.process_time()
-    examples = training_examples(cfg)
-    tokenizer = build_tokenizer([p + c for v in examples.values() for p, c in v], cfg.vocab_size)
+    tokenizer, data = prepare(cfg, (role,))
     if tokenizer.backend_tokenizer.to_str() != _saved_tokenizer(out / role).to_str():
         raise RuntimeError(f"{out / role}: regenerated tokenizer differs from the saved one")
-    data = {
-        name: encode_examples(tokenizer, pairs, loss_on_prompt=(name == "story"))
-        for name, pairs in examples.items()
-    }
     model = AutoModelForCausalLM.from_pretrained(out / role, dtype=torch.float32)
     previous = metrics["models"][role].setdefault("continued", [])
     seed = cfg.seed + (1 if role == "draft" else 0) + 100 * (len(previous) + 1)
     spec = replace(getattr(cfg, role), steps=steps, lr=lr)
-    info = train_model(model, data, spec, cfg, seed, log=log)
+    info = train_model(model, data[role], spec, cfg, seed, log=log)
     model.save_pretrained(out / role)
     info.update(lr=lr, seed=seed)
     previous.append(info)
@@ -585,6 +656,9 @@ def remeasure(out: str | Path) -> dict[str, Any]:
     target, draft, tokenizer = load_pair(out)
     t1 = time.perf_counter()
     metrics.update(measure(target, draft, tokenizer, seed=metrics["config"]["seed"]))
+    metrics["weights_bytes"] = {
+        role: (out / role / "model.safetensors").stat().st_size for role in ("target", "draft")
+    }
     metrics["measure_s"] = time.perf_counter() - t1
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     (out / "MODEL_CARD.md").write_text(model_card(metrics, target, draft))
@@ -610,8 +684,13 @@ def model_card(metrics: dict[str, Any], target: Any, draft: Any) -> str:
         "",
         "A tiny target/draft pair trained from scratch by `relaxspec_audit/models/zoo.py`, so "
         "that audits, tests and the demo run offline on CPU on a pair that behaves like a "
-        "real one: the target is clearly better than the draft and the draft is accepted "
-        "often but not always. Rebuild it with:",
+        "real one: a draft call costs a fraction of a target call, so speculation pays; the "
+        "target is clearly better than the draft, which is worse but not useless; and the "
+        "target is genuinely uncertain between valid phrasings of an answer, which the "
+        "draft weighs differently, so the lossless ratio test rejects drafts the target "
+        "finds plausible (what NSD relaxes). `pair_check.md` beside this card checks these "
+        "claims against a demo batch's logs (`make demo && make pair-check`). Rebuild the "
+        "pair with:",
         "",
         "```",
         *_commands(metrics),
@@ -635,13 +714,24 @@ def model_card(metrics: dict[str, Any], target: Any, draft: Any) -> str:
             f"| held-out accuracy `{name}` (greedy, n = {row['n']}) | "
             f"{100 * row['target']:.1f}% | {100 * row['draft']:.1f}% |"
         )
+    for name, row in metrics.get("accuracy_t1", {}).items():
+        lines.append(
+            f"| held-out accuracy `{name}` (one sample at T = 1, n = {row['n']}) | "
+            f"{100 * row['target']:.1f}% | {100 * row['draft']:.1f}% |"
+        )
+    sizes = metrics.get("weights_bytes", {})
+    if sizes:
+        lines.append(
+            f"| weights (float32 safetensors) | {sizes['target'] / 1e6:.1f} MB "
+            f"| {sizes['draft'] / 1e6:.1f} MB |"
+        )
     lines += [
         "",
         f"Whole build (data, tokenizer, both models): {metrics['train_total_s']:.0f} s wall, "
         f"{metrics['train_total_cpu_s']:.0f} s CPU, on {cfg['threads']} CPU thread(s) "
-        f"(`torch.set_num_threads({cfg['threads']})`, shared "
-        f"machine, `nice -n 5`), {metrics['host']['platform']}, torch "
-        f"{metrics['host']['torch']}. Weights are float32 safetensors.",
+        f"(`torch.set_num_threads({cfg['threads']})`; {_load(metrics['host'])}), "
+        f"{metrics['host']['platform']}, torch {metrics['host']['torch']}. Weights are "
+        "float32 safetensors.",
         "",
         "## Acceptance under `exact` at temperature 1",
         "",
@@ -656,9 +746,9 @@ def model_card(metrics: dict[str, Any], target: Any, draft: Any) -> str:
         lines.append(f"| {name} | {row['alpha']:.3f} | {row['positions']} |")
     lines += [
         "",
-        "With i.i.d. acceptance, K = 5 gives `E[τ] = (1 − α^6)/(1 − α)` tokens per target "
-        f"pass: {expected_tokens_per_pass(accept['all']['alpha'], 5):.2f} for α = "
-        f"{accept['all']['alpha']:.3f} (THEORY §1).",
+        "With i.i.d. acceptance, the demo's K = 4 gives `E[τ] = (1 − α^5)/(1 − α)` tokens "
+        f"per target pass: {expected_tokens_per_pass(accept['all']['alpha'], 4):.2f} for "
+        f"α = {accept['all']['alpha']:.3f} (THEORY §1).",
         "",
         "## Training data",
         "",
@@ -667,14 +757,23 @@ def model_card(metrics: dict[str, Any], target: Any, draft: Any) -> str:
         "so held-out accuracy is measured on prompts never seen in training:",
         "",
         f"- `arith`: {cfg['n_arith']:,} problems, 2-3 operands in 1..99 with `+`/`-`, worked "
-        "steps and `#### answer` (loss on the completion only);",
-        f"- `sort`: {cfg['n_sort']:,} lists of 3-6 digits and their sorted form (loss on the "
+        "steps and the answer (loss on the completion only). A solution is phrased with "
+        "choices that do not change the answer: an opener (none, `First,`, `So`, `Well,`), "
+        "the order of a sum's operands, the connector between steps (`.`, `, so`, "
+        "`, then`, `;`) and the word before the answer (`####`, `Answer:`). The target's "
+        "corpus draws them with "
+        f"{_style(cfg['target_style'])}; the draft's, generated from the same seeded "
+        f"problems, with {_style(cfg['draft_style'])}: one house style. That stands in "
+        "for the different data real pairs are trained on: the target weighs several valid "
+        "phrasings, the draft is confident in one, so the ratio test rejects drafts the "
+        "target finds plausible;",
+        f"- `sort`: {cfg['n_sort']:,} lists of 4-9 digits and their sorted form (loss on the "
         "completion only);",
         f"- `story`: {cfg['n_story']:,} short stories from a small grammar (loss on all tokens).",
         "",
         f"Batches mix the tasks {cfg['mix'][0]:.0%} / {cfg['mix'][1]:.0%} / {cfg['mix'][2]:.0%}. "
         "AdamW, linear warm-up then cosine decay, gradient clipping at 1.0. The draft is "
-        "smaller and trained for fewer steps than the target, on the same data.",
+        "smaller and trained for fewer steps than the target.",
         "",
         "## Tokenizer",
         "",
@@ -689,10 +788,11 @@ def model_card(metrics: dict[str, Any], target: Any, draft: Any) -> str:
         "## Limits",
         "",
         "Toy models: they know only the three bundled formats. Any other text is encoded "
-        "(byte-level) but the output is meaningless. The draft is fluent on stories but "
-        "cannot do the arithmetic or the sorting (it copies the format and guesses the "
-        "digits), so its greedy accuracy is near zero; that is what keeps acceptance in "
-        "the realistic range.",
+        "(byte-level) but the output is meaningless. The uncertainty is by construction: "
+        "the phrasing choices are the only places where several continuations are right, "
+        "and their weights are set in `tasks/bundled.py` (`TARGET_STYLE`, `DRAFT_STYLE`), "
+        "not learned from human text. The draft's other errors are wrong digits, where "
+        "the target is nearly certain.",
         "",
     ]
     return "\n".join(lines)
@@ -709,6 +809,24 @@ def _commands(metrics: dict[str, Any]) -> list[str]:
                 f"--continue-lr {c['lr']:g}"
             )
     return cmds
+
+
+def _style(style: dict[str, Any]) -> str:
+    def weights(w: list[float]) -> str:
+        return "/".join(f"{x:g}" for x in w)
+
+    return (
+        f"opener weights {weights(style['openers'])}, P(keep the order) "
+        f"{style['keep_order']:g}, connector weights {weights(style['connectors'])} and "
+        f"answer-word weights {weights(style['answers'])}"
+    )
+
+
+def _load(host: dict[str, Any]) -> str:
+    load = host.get("load_avg")
+    if not load:
+        return "machine load not recorded"
+    return f"1-minute load average {load[0]:.2f} at the start, {load[1]:.2f} at the end"
 
 
 def _cycles(info: dict[str, Any]) -> list[dict[str, Any]]:

@@ -14,9 +14,15 @@ The public API is re-exported here.
 """
 
 from relaxspec_audit.tasks.bundled import (
+    ANSWERS,
     BUNDLED,
     BUNDLED_PER_SPLIT,
     BUNDLED_SEED,
+    CONNECTORS,
+    DRAFT_STYLE,
+    OPENERS,
+    TARGET_STYLE,
+    ArithStyle,
     arith_example,
     held_out_prompts,
     pronoun_obj,
@@ -46,16 +52,22 @@ from relaxspec_audit.tasks.scorers import (
 from relaxspec_audit.tasks.task import SPLITS, Scorer, Task, TaskError, TaskItem, hash_split
 
 __all__ = [
+    "ANSWERS",
     "BUNDLED",
     "BUNDLED_PER_SPLIT",
     "BUNDLED_SEED",
+    "CONNECTORS",
+    "DRAFT_STYLE",
     "HUMANEVAL_PREFILL",
     "HUMANEVAL_STOP",
     "HUMANEVAL_TEMPLATES",
     "HUMANEVAL_USER",
     "MTBENCH",
+    "OPENERS",
     "SCORERS",
     "SPLITS",
+    "TARGET_STYLE",
+    "ArithStyle",
     "Scorer",
     "Task",
     "TaskError",

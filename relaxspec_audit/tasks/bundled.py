@@ -10,25 +10,75 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from relaxspec_audit.tasks.scorers import score_exact, score_none, score_numeric
 from relaxspec_audit.tasks.task import SPLITS, Task, TaskItem
 
-# Items per split of each bundled suite (disjoint; held out of the zoo's training data).
-BUNDLED_PER_SPLIT = 60
+# Items per split of each bundled suite (disjoint; held out of the zoo's training data):
+# enough for the demo's non-inferiority test at a 10-point margin to decide.
+BUNDLED_PER_SPLIT = 100
 # Seed of the bundled items; zoo.py trains on other seeds and drops these prompts.
 BUNDLED_SEED = 20261129
 
 
-def arith_example(rng: random.Random) -> tuple[str, str, int]:
-    """One multi-step arithmetic problem with worked steps.
+@dataclass(frozen=True)
+class ArithStyle:
+    """How a worked solution is phrased: the choices a solver may make, with weights.
+
+    Every choice is valid and none changes the answer, so a model trained on the task
+    is genuinely uncertain at those positions, as an LLM is between phrasings. The
+    target's and the draft's training corpora draw them with different weights, standing
+    in for the different data real pairs are trained on: the two models agree on what is
+    valid but not on how likely each phrasing is (docs/THEORY.md §3, data/models/arith).
+    """
+
+    openers: tuple[float, ...]  # weights over OPENERS
+    keep_order: float  # P(a+b is written as a+b rather than b+a)
+    connectors: tuple[float, ...]  # weights over CONNECTORS (between two steps)
+    answers: tuple[float, ...]  # weights over ANSWERS (what introduces the answer)
+
+    def __post_init__(self) -> None:
+        for name, weights, n in (
+            ("openers", self.openers, len(OPENERS)),
+            ("connectors", self.connectors, len(CONNECTORS)),
+            ("answers", self.answers, len(ANSWERS)),
+        ):
+            if len(weights) != n or min(weights) < 0 or abs(sum(weights) - 1) > 1e-9:
+                raise ValueError(f"ArithStyle.{name}: {n} weights summing to 1, got {weights}")
+        if not 0 <= self.keep_order <= 1:
+            raise ValueError(f"ArithStyle.keep_order: a probability, got {self.keep_order}")
+
+
+OPENERS = ("", "First, ", "So ", "Well, ")
+CONNECTORS = (". ", ", so ", ", then ", "; ")
+ANSWERS = ("####", "Answer:")
+# The target's phrasing (also the reference solutions of the bundled items) and the
+# draft's. The target varies its phrasing; the draft keeps to one house style (its
+# corpus nearly always writes the target's favourite opener, connector and answer word,
+# and swaps a sum's operands). Total variation 0.57 on the opener, 0.50 on the operand
+# order, 0.62 on the connector and 0.39 on the answer word. Greedy decoding picks the
+# same phrasing except for the operand order, where the target's two choices are 0.18
+# nats apart: a low-regret mismatch of the kind ASD accepts (THEORY §2.4).
+TARGET_STYLE = ArithStyle((0.40, 0.30, 0.20, 0.10), 0.55, (0.35, 0.30, 0.20, 0.15), (0.60, 0.40))
+DRAFT_STYLE = ArithStyle((0.97, 0.01, 0.01, 0.01), 0.05, (0.97, 0.01, 0.01, 0.01), (0.99, 0.01))
+
+
+def arith_example(rng: random.Random, style: ArithStyle = TARGET_STYLE) -> tuple[str, str, int]:
+    """One multi-step arithmetic problem with a worked solution.
 
     Two or three operands in 1..99, ``+`` and ``-``, every intermediate result
     non-negative, e.g. prompt ``"Q: 17+25-9=?"`` + newline + ``"A:"`` and completion
-    ``" 17+25=42. 42-9=33. #### 33"``.
+    ``" First, 25+17=42, so 42-9=33. Answer: 33"``: an opener, the steps (a sum's
+    operands in either order) joined by connectors, then the answer after ``####`` or
+    ``Answer:`` (the scorer reads either, :func:`~.scorers.extract_answer`). The phrasing
+    is drawn from
+    ``style``; the problem (and so the prompt and answer) depends only on ``rng``'s draws
+    for the numbers, which come first.
 
     Args:
         rng: Source of randomness.
+        style: Weights of the phrasing choices.
 
     Returns:
         ``(prompt, completion, answer)``; the completion has no eos.
@@ -43,16 +93,25 @@ def arith_example(rng: random.Random) -> tuple[str, str, int]:
         if op == "-" and b > value:
             op = "+"
         new = value + b if op == "+" else value - b
-        steps.append(f"{value}{op}{b}={new}.")
+        steps.append((value, op, b, new))
         expr += f"{op}{b}"
         value = new
     prompt = f"Q: {expr}=?\nA:"
-    completion = " " + " ".join(steps) + f" #### {value}"
-    return prompt, completion, value
+    text = rng.choices(OPENERS, style.openers)[0]
+    for i, (a, op, b, new) in enumerate(steps):
+        if i:
+            text += rng.choices(CONNECTORS, style.connectors)[0]
+        if op == "+" and rng.random() >= style.keep_order:
+            a, b = b, a
+        text += f"{a}{op}{b}={new}"
+    answer = rng.choices(ANSWERS, style.answers)[0]
+    return prompt, f" {text}. {answer} {value}", value
 
 
 def sort_example(rng: random.Random) -> tuple[str, str, str]:
     """One list-sorting problem: ``Sort: 5 3 9 1`` / ``A:`` (two lines) → ``" 1 3 5 9"``.
+
+    Four to nine digits: long enough that a two-block draft gets many lists wrong.
 
     Args:
         rng: Source of randomness.
@@ -60,7 +119,7 @@ def sort_example(rng: random.Random) -> tuple[str, str, str]:
     Returns:
         ``(prompt, completion, reference)``; the completion has no eos.
     """
-    digits = [rng.randint(0, 9) for _ in range(rng.randint(3, 6))]
+    digits = [rng.randint(0, 9) for _ in range(rng.randint(4, 9))]
     prompt = "Sort: " + " ".join(map(str, digits)) + "\nA:"
     answer = " ".join(map(str, sorted(digits)))
     return prompt, " " + answer, answer
@@ -176,7 +235,7 @@ def _bundled(name: str) -> Task:
         for i, (prompt, (_, _, answer)) in enumerate(gen):
             items.append(TaskItem(f"sort-{i:03d}", prompt, answer, SPLITS[i // BUNDLED_PER_SPLIT]))
         return Task(
-            "sort", items, score_exact, "exact", "Sort 3-6 digits; exact match of the list."
+            "sort", items, score_exact, "exact", "Sort 4-9 digits; exact match of the list."
         )
     if name == "story":
         gen = _unique_items(story_example, n, BUNDLED_SEED + 2)
