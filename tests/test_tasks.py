@@ -16,7 +16,8 @@ from relaxspec_audit.tasks import TaskError, TaskItem, extract_answer, load_task
 @pytest.mark.parametrize("name", tasks.BUNDLED)
 def test_bundled_suite_has_disjoint_splits_and_is_deterministic(name):
     task = load_task(name)
-    assert task.splits() == {"discovery": 60, "confirmation": 60}
+    per_split = tasks.BUNDLED_PER_SPLIT
+    assert task.splits() == {"discovery": per_split, "confirmation": per_split}
     ids = [item.id for item in task.items]
     assert len(set(ids)) == len(ids)
     prompts = {s: {i.prompt for i in task.items if i.split == s} for s in tasks.SPLITS}
@@ -219,7 +220,7 @@ def test_cli_tasks_json_lists_bundled_tasks():
     rows = {row["name"]: row for row in json.loads(result.output)}
     assert rows["arith"] == {
         "name": "arith",
-        "splits": {"discovery": 60, "confirmation": 60},
+        "splits": {"discovery": tasks.BUNDLED_PER_SPLIT, "confirmation": tasks.BUNDLED_PER_SPLIT},
         "scorer": "numeric",
     }
     assert rows["story"]["scorer"] == "none" and rows["humaneval"]["scorer"] == "code"
