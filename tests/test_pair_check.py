@@ -11,6 +11,7 @@ follow its range when the range is changed.
 from __future__ import annotations
 
 import json
+import shutil
 
 import polars as pl
 import pytest
@@ -204,3 +205,24 @@ def test_a_target_without_measurement_is_not_met():
     missing = [{"quantity": "alpha", "scope": "x", "value": None, "ci_low": None,
                 "ci_high": None, "source": "s", "unit": "num"}]  # fmt: skip
     assert pair_check._decide("alpha", missing)["met"] is False
+
+
+def test_runs_of_another_pair_are_refused(tiny_batch, tmp_path):
+    # A runs folder accumulates pairs: a check of other weights must not read these runs.
+    runs, reports = tiny_batch
+    other = tmp_path / "other"
+    shutil.copytree(EMBEDDED_DIR, other)
+    weights = other / "draft" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes() + b"\0")
+    assert not any(pair_check.of_pair(d, pair_check.weights_sha256(other))
+                   for d in pair_check._run_dirs(runs))  # fmt: skip
+    with pytest.raises(ValueError, match=r"no run in .* decoded with the weights"):
+        pair_check.check(runs, reports, other)
+    (other / "draft" / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match=r"expected one \*\.safetensors"):
+        pair_check.weights_sha256(other)
+
+
+def test_the_speedup_target_is_decided_on_confirmation(checked):
+    row = next(t for t in checked["targets"] if t["target"] == "speedup")
+    assert "confirmation" in row["scope"]

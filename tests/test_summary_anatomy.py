@@ -12,6 +12,7 @@ nucleus run's extra acceptances (THEORY §3 "Entropy gap"). A task without a sam
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 import shutil
 from pathlib import Path
@@ -141,6 +142,19 @@ def test_index_line_quotes_the_confirmation_share(summary):
     assert line.startswith("exact rejections inside the θ=0.95 nucleus (confirmation): ")
     assert line.endswith(pct(row["fraction"], row["ci_low"], row["ci_high"]))
     assert anatomy_line({"rejection_anatomy": {"runs": [], "note": "x"}}) is None
+
+
+def test_index_shows_the_line_escaped(summary, tmp_path):
+    from relaxspec_audit.report.export import write_index
+
+    page = write_index(tmp_path, [summary]).read_text()
+    assert html.escape(anatomy_line(summary)) in page
+    hostile = json.loads(json.dumps(summary))
+    for run in hostile["rejection_anatomy"]["runs"]:
+        run["split"] = "<script>x</script>"
+    assert "<script>" in anatomy_line(hostile)
+    page = write_index(tmp_path, [hostile]).read_text()
+    assert "<script>x</script>" not in page and html.escape("<script>x</script>") in page
 
 
 def test_no_sampled_reference_gives_a_note(runs, tmp_path):

@@ -16,8 +16,8 @@ from relaxspec_audit.tasks import TaskError, TaskItem, extract_answer, load_task
 @pytest.mark.parametrize("name", tasks.BUNDLED)
 def test_bundled_suite_has_disjoint_splits_and_is_deterministic(name):
     task = load_task(name)
-    per_split = tasks.BUNDLED_PER_SPLIT
-    assert task.splits() == {"discovery": per_split, "confirmation": per_split}
+    # 100 per split: what the demo's verdicts were sized for (configs/demo.yaml `limit`).
+    assert task.splits() == {"discovery": 100, "confirmation": 100}
     ids = [item.id for item in task.items]
     assert len(set(ids)) == len(ids)
     prompts = {s: {i.prompt for i in task.items if i.split == s} for s in tasks.SPLITS}
@@ -220,7 +220,7 @@ def test_cli_tasks_json_lists_bundled_tasks():
     rows = {row["name"]: row for row in json.loads(result.output)}
     assert rows["arith"] == {
         "name": "arith",
-        "splits": {"discovery": tasks.BUNDLED_PER_SPLIT, "confirmation": tasks.BUNDLED_PER_SPLIT},
+        "splits": {"discovery": 100, "confirmation": 100},
         "scorer": "numeric",
     }
     assert rows["story"]["scorer"] == "none" and rows["humaneval"]["scorer"] == "code"
@@ -362,3 +362,12 @@ def test_task_paths_expand_home(tmp_path, monkeypatch):
     _write(tmp_path, [json.dumps({"id": "a", "prompt": "p", "reference": "1"})], name="t.jsonl")
     task = load_task("~/t.jsonl")
     assert task.name == "t" and task.items[0].reference == "1"
+
+
+def test_demo_decodes_every_bundled_item():
+    import yaml
+
+    from relaxspec_audit import batch
+
+    config = yaml.safe_load(batch.bundled_config("demo").read_text())
+    assert config["defaults"]["limit"] == tasks.BUNDLED_PER_SPLIT

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,8 +20,8 @@ from relaxspec_audit import tasks
 from relaxspec_audit.models import zoo
 
 PAIR = Path(__file__).resolve().parent.parent / "data" / "models" / "arith"
-# Targets of issue 15 the committed pair does not meet (MODEL_CARD.md, pair_check.md say
-# why); a regression elsewhere fails the pair-check test.
+# Targets of issue 15 the committed pair does not meet (pair_check.md shows the value,
+# README "What make demo shows" why); a regression elsewhere fails the pair-check test.
 KNOWN_MISSES: set[str] = {"entropy_at_rejection"}
 
 
@@ -250,3 +251,20 @@ def test_committed_pair_check_is_of_this_pair_and_meets_its_targets():
     missed = [t["target"] for t in check["targets"] if not t["met"]]
     assert set(missed) <= KNOWN_MISSES, missed
     assert check["n_met"] == len(check["targets"]) - len(missed)
+
+
+def test_training_one_role_refuses_a_kept_model_built_differently(tmp_path):
+    from transformers import AutoTokenizer
+
+    out = tmp_path / "arith"
+    shutil.copytree(PAIR, out)
+    tok = AutoTokenizer.from_pretrained(out / "target")
+    cfg = zoo.ZooConfig()
+    zoo._check_kept(out, cfg, tok, ("draft",))  # the committed pair: consistent
+    metrics = json.loads((out / "metrics.json").read_text())
+    metrics["config"]["target"]["steps"] += 1
+    (out / "metrics.json").write_text(json.dumps(metrics))
+    with pytest.raises(ValueError, match=r"config\.target is .* rebuild both"):
+        zoo._check_kept(out, cfg, tok, ("draft",))
+    with pytest.raises(FileNotFoundError, match="needs a built pair"):
+        zoo._check_kept(tmp_path / "none", cfg, tok, ("draft",))

@@ -543,7 +543,8 @@ def build(
 
     metrics: dict[str, Any] = {"config": asdict(cfg), "prep_s": prep_s, "models": {}}
     previous = out / "metrics.json"
-    if previous.exists() and set(roles) != {"target", "draft"}:
+    if set(roles) != {"target", "draft"}:
+        _check_kept(out, cfg, tokenizer, roles)
         metrics["models"] = json.loads(previous.read_text())["models"]
     specs = {"target": (cfg.target, cfg.seed), "draft": (cfg.draft, cfg.seed + 1)}
     for role in roles:
@@ -572,6 +573,30 @@ def build(
     if not all((out / role / "model.safetensors").exists() for role in specs):
         return metrics
     return remeasure(out)
+
+
+def _check_kept(out: Path, cfg: ZooConfig, tokenizer: Any, roles: tuple[str, ...]) -> None:
+    """Refuse to pair a newly trained model with a kept one it was not built with.
+
+    The kept model must exist, share the regenerated tokenizer, and have been built with
+    the same configuration for its role (shape, steps, style, data sizes, seed), or
+    ``metrics.json`` would describe a pair that no single build makes.
+    """
+    previous = out / "metrics.json"
+    if not previous.exists():
+        raise FileNotFoundError(f"{previous}: training only {', '.join(roles)} needs a built pair")
+    old = json.loads(previous.read_text())["config"]
+    new = json.loads(json.dumps(asdict(cfg)))
+    for role in {"target", "draft"} - set(roles):
+        if tokenizer.backend_tokenizer.to_str() != _saved_tokenizer(out / role).to_str():
+            raise RuntimeError(f"{out / role}: its tokenizer differs from the regenerated one")
+        shared = [k for k in new if k not in ("target", "draft", "target_style", "draft_style")]
+        for key in [role, f"{role}_style", *shared]:
+            if old.get(key) != new[key]:
+                raise ValueError(
+                    f"{previous}: config.{key} is {old.get(key)!r}, this build has "
+                    f"{new[key]!r}: the kept {role} was built differently; rebuild both"
+                )
 
 
 def continue_training(
@@ -609,6 +634,11 @@ def continue_training(
     raw["mix"] = tuple(raw["mix"])
     raw["target"], raw["draft"] = ModelSpec(**raw["target"]), ModelSpec(**raw["draft"])
     for key in ("target_style", "draft_style"):
+        if key not in raw:
+            raise ValueError(
+                f"{out / 'metrics.json'}: config has no {key}: a pair built before the "
+                "phrasing styles cannot be continued; rebuild it"
+            )
         style = raw[key]
         raw[key] = tasks.ArithStyle(
             tuple(style["openers"]),
@@ -747,8 +777,13 @@ def model_card(metrics: dict[str, Any], target: Any, draft: Any) -> str:
     lines += [
         "",
         "With i.i.d. acceptance, the demo's K = 4 gives `E[τ] = (1 − α^5)/(1 − α)` tokens "
-        f"per target pass: {expected_tokens_per_pass(accept['all']['alpha'], 4):.2f} for "
-        f"α = {accept['all']['alpha']:.3f} (THEORY §1).",
+        "per target pass (THEORY §1): "
+        + ", ".join(
+            f"{expected_tokens_per_pass(row['alpha'], 4):.2f} for `{name}`"
+            for name, row in accept.items()
+        )
+        + ". Acceptance is not i.i.d. along a block, so the demo's measured τ is lower "
+        "(`pair_check.md`).",
         "",
         "## Training data",
         "",
@@ -778,7 +813,8 @@ def model_card(metrics: dict[str, Any], target: Any, draft: Any) -> str:
         "## Tokenizer",
         "",
         f"Byte-level BPE with {target.config.vocab_size} tokens (256 byte symbols, 3 "
-        "special tokens, merges learned on the training text; the training text runs out "
+        "special tokens, merges learned on the target's training text, which holds every "
+        "phrasing the draft's does; the text runs out "
         f"of merges below the requested {cfg['vocab_size']}), digits split one per token. "
         f"Special tokens: `{EOS}` (eos, ends every completion), `{PAD}` (pad), `{BOS}` "
         "(bos; defined but never used). Encoding adds no special tokens, so "
@@ -826,7 +862,10 @@ def _load(host: dict[str, Any]) -> str:
     load = host.get("load_avg")
     if not load:
         return "machine load not recorded"
-    return f"1-minute load average {load[0]:.2f} at the start, {load[1]:.2f} at the end"
+    return (
+        f"1-minute load average {load[0]:.2f} at the start, {load[1]:.2f} at the end, "
+        "where the build's own threads count in it"
+    )
 
 
 def _cycles(info: dict[str, Any]) -> list[dict[str, Any]]:
