@@ -226,3 +226,19 @@ def test_runs_of_another_pair_are_refused(tiny_batch, tmp_path):
 def test_the_speedup_target_is_decided_on_confirmation(checked):
     row = next(t for t in checked["targets"] if t["target"] == "speedup")
     assert "confirmation" in row["scope"]
+
+
+def test_reports_of_another_pair_are_refused(tmp_path):
+    models = json.loads((EMBEDDED_DIR / "metrics.json").read_text())["models"]
+    params = {role: m["params"] for role, m in models.items()}
+    (tmp_path / "arith").mkdir()
+    summary = {"task": "arith", "families": [], "manifest": {"models": [
+        {"target": {"n_params": params["target"]}, "draft": None},  # target-only: fine
+        {"target": {"n_params": params["target"]}, "draft": {"n_params": 1}},
+    ]}}  # fmt: skip
+    (tmp_path / "arith" / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(ValueError, match="a report of another pair"):
+        pair_check.speed_rows(tmp_path, EMBEDDED_DIR)
+    summary["manifest"]["models"].pop()
+    (tmp_path / "arith" / "summary.json").write_text(json.dumps(summary))
+    assert pair_check.speed_rows(tmp_path, EMBEDDED_DIR) == []
