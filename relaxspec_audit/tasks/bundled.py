@@ -72,9 +72,8 @@ def arith_example(rng: random.Random, style: ArithStyle = TARGET_STYLE) -> tuple
     ``" First, 25+17=42, so 42-9=33. Answer: 33"``: an opener, the steps (a sum's
     operands in either order) joined by connectors, then the answer after ``####`` or
     ``Answer:`` (the scorer reads either, :func:`~.scorers.extract_answer`). The phrasing
-    is drawn from
-    ``style``; the problem (and so the prompt and answer) depends only on ``rng``'s draws
-    for the numbers, which come first.
+    is drawn from ``style``; every style makes the same number of draws, so the same
+    ``rng`` gives the same problems in any style.
 
     Args:
         rng: Source of randomness.
