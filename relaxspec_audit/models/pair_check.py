@@ -148,21 +148,20 @@ def of_pair(run_dir: Path, shas: Mapping[str, str]) -> bool:
     )
 
 
-def cost_rows(runs: Path, shas: Mapping[str, str]) -> list[dict[str, Any]]:
+def cost_rows(runs: Path, mine: Iterable[Path]) -> list[dict[str, Any]]:
     """The step-cost ratios of each cost table the batch's main runs used.
 
     ``draft_step_s / target_step_s`` (one ``[B, 1]`` draft call over one ``[B, 1]`` target
     call, medians; ``collect/costs.py``) is the ``c`` of THEORY §5.2; ``verify_s /
     target_step_s`` says what a ``[B, K + 1]`` verify pass costs in target steps. The
     tables are the ones the main runs' manifests reference (replicas such as the noise
-    floor's batch-1 runs are left out: the demo's batch size is the main runs').
+    floor's batch-1 runs are left out: the demo's batch size is the main runs'). ``mine``:
+    the runs of the checked pair (:func:`of_pair`).
     """
     from relaxspec_audit.collect import costs, logs
 
     tables: dict[str, Any] = {}
-    for run_dir in logs.find_runs(runs):
-        if not of_pair(run_dir, shas):
-            continue
+    for run_dir in mine:
         manifest = logs.read_manifest(run_dir)
         stored = manifest.get("cost_table")
         if manifest.get("config", {}).get("variant") or not stored:
@@ -239,7 +238,7 @@ def speed_rows(reports: Path, pair: Path) -> list[dict[str, Any]]:
     return list(unique.values())
 
 
-def exact_rows(runs: Path, shas: Mapping[str, str]) -> list[dict[str, Any]]:
+def exact_rows(runs: Path, mine: Iterable[Path]) -> list[dict[str, Any]]:
     """Rejection anatomy, entropy at rejections and acceptance α of the ``exact`` runs at T = 1.
 
     Per task, both splits pooled (as the rejection-anatomy notebook does), replicas left
@@ -261,8 +260,9 @@ def exact_rows(runs: Path, shas: Mapping[str, str]) -> list[dict[str, Any]]:
     from relaxspec_audit.report.runs import runs_table
 
     table = runs_table(runs).filter((pl.col("rule") == "exact") & (pl.col("temperature") == 1.0))
+    ours = [str(Path(d).resolve()) for d in mine]
     table = table.filter(pl.col("run_dir").map_elements(
-        lambda d: of_pair(Path(d), shas), return_dtype=pl.Boolean))  # fmt: skip
+        lambda d: str(Path(d).resolve()), return_dtype=pl.String).is_in(ours))  # fmt: skip
     rows = []
     for task in sorted(set(table["task"].to_list())):
         mine = table.filter(pl.col("task") == task)
@@ -432,9 +432,10 @@ def check(runs: str | Path, reports: str | Path, pair: str | Path) -> dict[str, 
         if not folder.is_dir():
             raise FileNotFoundError(f"{name}: no such folder {folder}")
     shas = weights_sha256(pair)
-    if not any(of_pair(d, shas) for d in _run_dirs(runs)):
+    mine = [d for d in _run_dirs(runs) if of_pair(d, shas)]  # each manifest read once
+    if not mine:
         raise ValueError(f"runs: no run in {runs} decoded with the weights in {pair}")
-    rows = [*cost_rows(runs, shas), *speed_rows(reports, pair), *exact_rows(runs, shas),
+    rows = [*cost_rows(runs, mine), *speed_rows(reports, pair), *exact_rows(runs, mine),
             *pair_rows(pair)]  # fmt: skip
 
     def of(quantity: str, keep: Callable[[dict], bool] = lambda r: True) -> list[dict]:
