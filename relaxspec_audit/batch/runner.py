@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from relaxspec_audit.batch.calibration import calibrate_batch
-from relaxspec_audit.batch.config import BatchConfig, TaskPlan, load_config
+from relaxspec_audit.batch.config import ENGINES, BatchConfig, TaskPlan, load_config
 from relaxspec_audit.batch.notebooks import (
     KERNEL_NAME,
     NotebookResult,
@@ -161,6 +161,8 @@ def run_batch(
     jobs: int = 1,
     progress: bool = True,
     kernel_name: str = KERNEL_NAME,
+    engine: str | None = None,
+    ray_options: Mapping[str, Any] | None = None,
 ) -> BatchResult:
     """Run a batch audit end to end (see the module docstring for the recipe).
 
@@ -168,9 +170,12 @@ def run_batch(
         config: a YAML path, a parsed mapping, or a :class:`BatchConfig`.
         out: reports root; this batch writes ``<out>/<batch>/``.
         runs: run folders root (shared between batches: finished runs are reused).
-        jobs: parallel collection processes.
+        jobs: parallel collection processes (local engine).
         progress: show a ``tqdm.auto`` bar over the whole batch.
         kernel_name: Jupyter kernel for the notebooks.
+        engine: ``"local"`` or ``"ray"``; None: the config's ``engine`` (default local).
+        ray_options: keyword arguments of :class:`~relaxspec_audit.batch.ray_engine.
+            RayEngine` (``address``, ``workers``, ``threads``, ``shard_size``, ...).
 
     Returns:
         The :class:`BatchResult`; ``ok`` is False if any run or notebook failed (the
@@ -186,8 +191,11 @@ def run_batch(
     from relaxspec_audit.report.tables import write_summary_csv
 
     plan = config if isinstance(config, BatchConfig) else load_config(config)
+    engine = engine or plan.engine
+    if engine not in ENGINES:
+        raise ValueError(f"engine: must be one of {list(ENGINES)}, got {engine!r}")
     check_kernel(kernel_name)  # before any work: a wrong kernel would fail every notebook
-    runs_dir = Path(runs).resolve()
+    runs_dir = runs_root(runs)
     report_dir = Path(out).resolve() / plan.name
     report_dir.mkdir(parents=True, exist_ok=True)
     all_runs = plan.all_runs()
@@ -199,9 +207,23 @@ def run_batch(
         bar.set_postfix_str(f"{config.task}/{config.rule}", refresh=False)
         bar.update(1)
 
+    cluster = None
+    if engine == "ray":
+        from relaxspec_audit.batch.ray_engine import RayEngine
+
+        cluster = RayEngine(**dict(ray_options or {}))
+
+        def on_shard(t: Mapping[str, Any]) -> None:  # progress over the whole cluster
+            bar.set_postfix_str(
+                f"shards {t['shards_done']}/{t['shards']}, {t['tokens']:,} tokens, "
+                f"{t['workers']} workers, {t['retries']} retried",
+                refresh=True,
+            )
+
     bar.set_postfix_str("calibrating costs", refresh=False)
     try:
-        tables = calibrate_batch(all_runs, runs_dir)
+        calibrate = calibrate_batch if cluster is None else cluster.calibrate
+        tables = calibrate(all_runs, runs_dir)
     except Exception as exc:
         # The runs still collect and are judged against their references by pass counts;
         # only the speed-up over target-only decoding needs the table (it shows as unknown).
@@ -213,7 +235,12 @@ def run_batch(
         from relaxspec_audit.batch.pairs import release
 
         release()
-    collected = collect_runs(all_runs, runs_dir, jobs=jobs, on_done=on_done, cost_tables=tables)
+    if cluster is None:
+        collected = collect_runs(all_runs, runs_dir, jobs=jobs, on_done=on_done,
+                                 cost_tables=tables)  # fmt: skip
+    else:
+        collected = cluster.collect(all_runs, runs_dir, cost_tables=tables, on_done=on_done,
+                                    progress=on_shard)  # fmt: skip
     results: list[TaskResult] = []
     for task in plan.tasks:
         task_dir = report_dir / task.slug
@@ -228,7 +255,7 @@ def run_batch(
             bar.set_postfix_str(f"{task.slug}/timing", refresh=False)
             try:
                 if not errors:  # a family with a failed run has nothing whole to time
-                    time_task(task, runs_dir)
+                    (time_task if cluster is None else cluster.time_task)(task, runs_dir)
             except Exception as exc:  # the report says so; the wall clock falls back
                 errors.append(f"timing pass: {type(exc).__name__}: {exc}")
             bar.update(1)
@@ -267,10 +294,31 @@ def run_batch(
         write_summary_csv(summary, summary_path.with_suffix(".csv"))
         results.append(TaskResult(task.task, run_dirs, notebooks, summary_path, errors))
     bar.close()
+    if cluster is not None:
+        cluster.close()
     index = report.write_index(
         report_dir, [json.loads(r.summary_path.read_text()) for r in results]
     )
     return BatchResult(name=plan.name, report_dir=report_dir, index=index, tasks=results)
+
+
+def runs_root(runs: str | Path) -> Path:
+    """The runs root as an absolute local path; ``file://`` URIs are accepted.
+
+    Raises:
+        ValueError: another URI scheme (named), or a ``file://`` URI with a host.
+    """
+    from urllib.parse import unquote, urlparse
+
+    text = str(runs)
+    if "://" not in text:
+        return Path(text).expanduser().resolve()
+    url = urlparse(text)
+    if url.scheme == "file" and url.netloc in ("", "localhost"):
+        return Path(unquote(url.path)).resolve()
+    if url.scheme == "file":
+        raise ValueError(f"--runs {text}: a file:// URI names no host (file:///abs/path)")
+    raise ValueError(f"--runs {text}: scheme {url.scheme!r} is not supported here")
 
 
 def _divergence_pages(

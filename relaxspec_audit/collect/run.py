@@ -13,6 +13,7 @@ torch and transformers are imported inside functions (the CLI's ``--help`` must 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ def collect(
     allow_untokenized_draft: bool = False,
     cost_table: Mapping[str, Any] | None = None,
     calibrate: bool = False,
+    shard: Shard | None = None,
 ) -> Path:
     """Decode every item of the config's task and write the run folder under ``out``.
 
@@ -62,6 +64,8 @@ def collect(
             dtype, K and batch size under ``out/costs/`` (after every input check, so bad
             input writes nothing); a target-only run is calibrated with the config's
             draft and K, the table its speculative runs carry.
+        shard: decode only these requests, in this writer namespace, leaving the
+            manifest's status to the scheduler (:class:`Shard`; None: the whole run).
 
     Returns:
         The run folder.
@@ -84,6 +88,11 @@ def collect(
     k = 0 if config.rule == TARGET_ONLY else config.k
     check_prompts_fit(pair, list(encoded.items()), config.max_new_tokens, k)
     samples = _sample_requests(task.items, config.samples_per_item)
+    if shard is not None:
+        unknown = sorted(set(shard.request_ids) - samples.keys())
+        if unknown:
+            raise ValueError(f"shard {shard.writer}: requests not in the run: {unknown[:5]}")
+        samples = {rid: samples[rid] for rid in shard.request_ids}
     if calibrate and cost_table is None:
         cost_table = _calibrated(pair, config, out, allow_untokenized_draft)
     run_dir = config.run_dir(out)
@@ -100,7 +109,10 @@ def collect(
         manifest["cost_table"] = dict(cost_table)
     totals = {"done": 0, "total": len(samples), "tokens": 0, "passes": 0}
     totals.update(accepted=0, drafted=0, wall_s=0.0, skipped=0)
-    with RunWriter(run_dir, manifest, resume=resume, chunk_size=chunk_size) as writer:
+    own = {} if shard is None else {"writer": shard.writer, "owns_manifest": False}
+    if shard is not None and shard.on_commit is not None:
+        own["on_commit"] = shard.on_commit
+    with RunWriter(run_dir, manifest, resume=resume, chunk_size=chunk_size, **own) as writer:
         todo = {rid: item for rid, item in samples.items() if rid not in writer.finished}
         totals["skipped"] = totals["done"] = len(samples) - len(todo)
         requests = [(rid, encoded[item.id]) for rid, item in todo.items()]
@@ -130,6 +142,21 @@ def collect(
             if progress is not None:
                 progress(dict(totals))
     return run_dir
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A slice of one run that a worker decodes alongside others (``batch.shards``).
+
+    Attributes:
+        request_ids: the requests to decode (finished ones are skipped as usual).
+        writer: the writer namespace: the shard's own part names and lease.
+        on_commit: called with each commit record's path (e.g. to copy it to a store).
+    """
+
+    request_ids: tuple[str, ...]
+    writer: str
+    on_commit: Callable[[Path], None] | None = None
 
 
 def _sample_requests(items: Any, n: int) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,13 @@ class RunWriter:
         writer: this writer's namespace: its part names, temp names and lease. Writers of
             one run folder (e.g. shards) need distinct ids; one process uses the default.
         lease_timeout_s: heartbeat age after which this writer's lease counts as stale.
+        owns_manifest: this writer keeps the manifest (status, counts, end time). A shard
+            of a run written by several writers at once does not: it writes the manifest
+            only when the run has none yet, and whoever scheduled the shards finishes it
+            (:func:`finish_manifest`), so no shard marks a run complete that others are
+            still writing.
+        on_commit: called with the commit record's path after each commit (e.g. to copy
+            the chunk to an object store, where the record is again written last).
 
     Raises:
         LogError: a bad writer id, a schema version mismatch, or a live writer holding the
@@ -81,11 +88,15 @@ class RunWriter:
         flush_s: float = 60.0,
         writer: str = DEFAULT_WRITER,
         lease_timeout_s: float = LEASE_TIMEOUT_S,
+        owns_manifest: bool = True,
+        on_commit: Callable[[Path], None] | None = None,
     ):
         if not isinstance(writer, str) or not _WRITER_RE.match(writer):
             raise LogError(f"writer id {writer!r}: use a letter then letters, digits or _ (max 32)")
         self.run_dir = Path(run_dir)
         self.writer = writer
+        self.owns_manifest = owns_manifest
+        self.on_commit = on_commit
         self.chunk_size = max(1, int(chunk_size))
         self.flush_s = float(flush_s)
         self._queued_at = 0.0
@@ -214,12 +225,15 @@ class RunWriter:
             "parts": parts,
         }
         (self.run_dir / COMMITS).mkdir(exist_ok=True)
-        _atomic_write_text(self.run_dir / COMMITS / f"{chunk}.json", json.dumps(record), fsync=True)
+        record_path = self.run_dir / COMMITS / f"{chunk}.json"
+        _atomic_write_text(record_path, json.dumps(record), fsync=True)
         self._next_part += 1
         self.finished.update(r.request_id for r in self._pending)
         self._pending.clear()
         self.manifest["n_requests"] = len(self.finished)
         self._write_manifest()
+        if self.on_commit is not None:
+            self.on_commit(record_path)
 
     def close(self, status: str = "complete") -> None:
         """Flush and write the final manifest with ``status`` and the end time."""
@@ -235,6 +249,8 @@ class RunWriter:
             self._release()
 
     def _write_manifest(self) -> None:
+        if not self.owns_manifest and (self.run_dir / MANIFEST).exists():
+            return
         _atomic_write_text(
             self.run_dir / MANIFEST,
             json.dumps(self.manifest, indent=2, sort_keys=True),
@@ -307,6 +323,25 @@ class RunWriter:
                         tmp.unlink()
         for tmp in (self.run_dir / COMMITS).glob(f".{self.writer}-*.tmp"):
             tmp.unlink()
+
+
+def finish_manifest(run_dir: str | Path, status: str, **fields: Any) -> dict[str, Any]:
+    """Finish the manifest of a run written by shards: status, end time, request count.
+
+    Called by the one process that scheduled the shards, once none of them is writing: the
+    count is read back from the commit records, so it is what a reader will find.
+
+    Returns:
+        The manifest written.
+    """
+    from relaxspec_audit.collect.reader import read_manifest
+
+    run_dir = Path(run_dir)
+    manifest = read_manifest(run_dir)
+    manifest.update(fields)
+    manifest.update(status=status, ended_at=_now(), n_requests=len(finished_request_ids(run_dir)))
+    _atomic_write_text(run_dir / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
+    return manifest
 
 
 def environment() -> dict[str, Any]:

@@ -1,0 +1,331 @@
+"""The Ray engine: a batch's shards on a Ray cluster, one actor per GPU or CPU worker.
+
+``relaxspec-audit batch CONFIG --engine ray`` (or ``engine: ray`` in the config) hands
+collection to :class:`RayEngine`. The batch is cut into shards (``batch.shards``: task ×
+setting × split × request chunk); a pool of actors pulls them from one queue. An actor
+loads a model pair once and keeps it for every later shard of that pair (shards come in
+config order). Each shard writes its own writer namespace of its run folder under its own
+lease; a run's manifest is finished by this driver once all its shards are done, so no
+shard marks a run complete that others are still writing.
+
+Faults: an actor that dies (its process killed, its node lost) fails its shard with
+``RayActorError``; the shard goes back to the queue for a fresh actor, which resumes the
+shard's committed chunks and drops its uncommitted parts, so every request is logged
+exactly once. A shard that raises an ordinary error (bad input, a decode error) is not
+retried: its run is reported failed, as with the local engine. Cost calibration and the
+paired wall-clock timing pass run on one actor, so their clocks see one worker's device.
+
+The runs root must be a folder every actor can write (one machine, or shared storage).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from relaxspec_audit.batch.config import TaskPlan
+from relaxspec_audit.batch.shards import DEFAULT_SHARD_SIZE, ShardSpec, plan_shards
+from relaxspec_audit.collect.config import TARGET_ONLY, RunConfig
+
+#: Torch threads per CPU actor when the caller does not say: two cores per pair keep a
+#: real model's matmuls efficient, and each actor holds a whole pair in memory.
+CPU_THREADS = 2
+#: Retries of a shard whose actor died, before its run is reported failed.
+MAX_RETRIES = 2
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise RuntimeError("the Ray engine needs ray: pip install 'relaxspec_audit[ray]'") from exc
+    return ray
+
+
+class ShardWorker:
+    """A Ray actor's body: decodes shards with one cached pair (see the module docstring).
+
+    Args:
+        threads: torch threads of this worker.
+        die_after_commits: a test hook: end this process right after its n-th commit
+            (deterministic, unlike a timer), as a killed worker would.
+    """
+
+    def __init__(self, threads: int, die_after_commits: int | None = None) -> None:
+        import torch
+        from transformers.utils import logging as hf_logging
+
+        torch.set_num_threads(threads)
+        hf_logging.disable_progress_bar()
+        self.die_after_commits = die_after_commits
+        self.commits = 0
+
+    def _committed(self, record: Path) -> None:
+        self.commits += 1
+        if self.die_after_commits is not None and self.commits >= self.die_after_commits:
+            os._exit(1)  # as a kill would: no cleanup, the lease left behind
+
+    def run_shard(
+        self,
+        spec: ShardSpec,
+        runs_dir: str,
+        cost_table: Mapping[str, Any] | None,
+        commit_every: int = 16,
+    ) -> dict[str, Any]:
+        """Decode one shard; returns its requests, tokens and the decoder's engine info."""
+        from relaxspec_audit.batch.pairs import cached_pair
+        from relaxspec_audit.collect.run import Shard, collect
+
+        config = RunConfig.from_json(spec.config_json)
+        draft = None if config.rule == TARGET_ONLY else config.draft
+        pair = cached_pair(config.target, draft, config.device, config.dtype)
+        seen: dict[str, Any] = {"tokens": 0, "requests": 0}
+
+        def progress(totals: Mapping[str, Any]) -> None:
+            if "engine" in totals:
+                seen["engine"] = totals["engine"]
+            seen["tokens"], seen["requests"] = totals["tokens"], totals["done"] - totals["skipped"]
+
+        shard = Shard(spec.request_ids, spec.writer, on_commit=self._committed)
+        collect(config, Path(runs_dir), resume=True, progress=progress, pair=pair,
+                cost_table=cost_table, shard=shard, chunk_size=commit_every)  # fmt: skip
+        return seen
+
+    def calibrate(self, configs_json: list[str], runs_dir: str) -> dict[str, dict]:
+        """The batch's cost tables, measured on this worker (``batch.calibration``)."""
+        from relaxspec_audit.batch.calibration import calibrate_batch
+
+        return calibrate_batch([RunConfig.from_json(c) for c in configs_json], runs_dir)
+
+    def time_task(self, task: TaskPlan, runs_dir: str) -> list[str]:
+        """The task's paired timing pass on this worker (``batch.timing``)."""
+        from relaxspec_audit.batch.timing import time_task
+
+        return [str(p) for p in time_task(task, runs_dir)]
+
+
+class RayEngine:
+    """Collects a batch's runs on a Ray cluster (see the module docstring).
+
+    Args:
+        address: the cluster (``"auto"``, ``"ray://host:10001"``); None starts a local
+            one unless this process is already connected.
+        workers: actors in the pool (default: one per GPU when any run is on cuda, else
+            the cluster's CPUs over ``threads``).
+        threads: torch threads per CPU actor (default :data:`CPU_THREADS`, capped by the
+            cluster's CPUs).
+        shard_size: requests per shard.
+        commit_every: finished requests per committed chunk within a shard (what a
+            killed worker can lose).
+        max_retries: retries of a shard whose actor died.
+        die_after_commits: test hook: the first actor ends its process after that many
+            commits (its replacement does not).
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        workers: int | None = None,
+        threads: int | None = None,
+        shard_size: int = DEFAULT_SHARD_SIZE,
+        commit_every: int = 16,
+        max_retries: int = MAX_RETRIES,
+        die_after_commits: int | None = None,
+    ) -> None:
+        for name, value in (("workers", workers), ("threads", threads)):
+            if value is not None and (isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name}: must be >= 1, got {value!r}")
+        self.address = address
+        self.workers = workers
+        self.threads = threads
+        self.shard_size = shard_size
+        self.commit_every = commit_every
+        self.max_retries = max_retries
+        self.die_after_commits = die_after_commits
+        self._actors: list[Any] = []
+        self._gpu = False
+        self.retries = 0
+
+    # ------------------------------------------------------------------ the actor pool
+
+    def _connect(self) -> Any:
+        ray = _ray()
+        if not ray.is_initialized():
+            ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
+        return ray
+
+    def _pool(self, configs: Sequence[RunConfig]) -> list[Any]:
+        """Start the actors once (one per GPU for cuda runs, else per CPU worker)."""
+        if self._actors:
+            return self._actors
+        ray = self._connect()
+        resources = ray.cluster_resources()
+        self._gpu = any(c.device.startswith("cuda") for c in configs)
+        if self._gpu:
+            n = self.workers or int(resources.get("GPU", 0))
+            if n < 1:
+                raise RuntimeError("runs on cuda, but the Ray cluster has no GPU")
+            self._options = {"num_gpus": 1, "num_cpus": 1}
+            threads = self.threads or 1
+        else:
+            cpus = max(1, int(resources.get("CPU", 1)))
+            threads = self.threads or min(CPU_THREADS, cpus)
+            n = self.workers or max(1, cpus // threads)
+            self._options = {"num_cpus": threads}
+        self._threads = threads
+        self._actors = [self._new_actor(i == 0) for i in range(n)]
+        return self._actors
+
+    def _new_actor(self, first: bool = False) -> Any:
+        ray = _ray()
+        hook = self.die_after_commits if first else None
+        # max_restarts=0: a dead actor stays dead; the driver gives its shard to a new one.
+        cls = ray.remote(max_restarts=0, **self._options)(ShardWorker)
+        return cls.remote(self._threads, hook)
+
+    def close(self) -> None:
+        """End the actors (the cluster stays up)."""
+        ray = _ray()
+        for actor in self._actors:
+            ray.kill(actor)
+        self._actors = []
+
+    # ------------------------------------------------------------------ the batch's steps
+
+    def calibrate(self, configs: Sequence[RunConfig], runs_dir: str | Path) -> dict[str, dict]:
+        """The batch's cost tables, measured on the first actor."""
+        ray = _ray()
+        actor = self._pool(configs)[0]
+        return ray.get(actor.calibrate.remote([c.to_json() for c in configs], str(runs_dir)))
+
+    def time_task(self, task: TaskPlan, runs_dir: str | Path) -> list[Path]:
+        """The task's paired timing pass, on one actor."""
+        ray = _ray()
+        actor = self._pool(list(task.runs))[0]
+        return [Path(p) for p in ray.get(actor.time_task.remote(task, str(runs_dir)))]
+
+    def collect(
+        self,
+        configs: Sequence[RunConfig],
+        runs_dir: str | Path,
+        *,
+        cost_tables: Mapping[str, Mapping[str, Any]] | None = None,
+        on_done: Callable[[RunConfig, Path, str | None], None] | None = None,
+        progress: Callable[[Mapping[str, Any]], None] | None = None,
+    ) -> dict[str, tuple[Path, str | None]]:
+        """Collect every missing request of ``configs``; the local engine's contract.
+
+        Args:
+            configs: validated run configs.
+            runs_dir: the runs root (every actor must be able to write it).
+            cost_tables: ``{config.to_json(): table}`` for the manifests.
+            on_done: called once per run, when its last shard ends, with (config, run
+                folder, error or None).
+            progress: called after each shard with ``shards_done``, ``shards``,
+                ``requests``, ``tokens``, ``workers`` and ``retries`` over the cluster.
+
+        Returns:
+            ``{config.to_json(): (run folder, error or None)}``.
+        """
+        from relaxspec_audit.collect.reader import finished_request_ids, read_manifest
+        from relaxspec_audit.collect.writer import finish_manifest
+
+        ray = _ray()
+        runs_dir = Path(runs_dir).resolve()
+        shards, sizes = plan_shards(configs, runs_dir, self.shard_size)
+        by_run = {c.to_json(): c for c in configs}
+        left = {key: sum(s.config_json == key for s in shards) for key in by_run}
+        planned = dict(left)
+        errors: dict[str, str] = {}
+        engines: dict[str, Any] = {}
+        out: dict[str, tuple[Path, str | None]] = {}
+        totals = {"shards_done": 0, "shards": len(shards), "requests": 0, "tokens": 0}
+
+        def finish(key: str) -> None:
+            config = by_run[key]
+            run_dir = config.run_dir(runs_dir)
+            error = errors.get(key)
+            if error is None and len(finished_request_ids(run_dir)) < sizes[key]:
+                error = "requests missing after every shard ended"
+            try:
+                if (run_dir / "manifest.json").is_file():
+                    status = "complete" if error is None else "failed"
+                    extra = {"cluster": self._cluster_info(planned[key])}
+                    if key in engines:
+                        extra["engine"] = engines[key]
+                    if read_manifest(run_dir).get("status") != status or key in engines:
+                        finish_manifest(run_dir, status, **extra)
+            except Exception as exc:
+                error = error or f"{type(exc).__name__}: {exc}"
+            out[key] = (run_dir, error)
+            if on_done is not None:
+                on_done(config, run_dir, error)
+
+        for key, n in left.items():  # nothing to do: finish (or re-finish) it now
+            if n == 0:
+                finish(key)
+        if not shards:
+            return out
+        actors = self._pool(configs)
+        queue: deque[tuple[ShardSpec, int]] = deque((s, 0) for s in shards)
+        idle = list(actors)
+        running: dict[Any, tuple[Any, ShardSpec, int]] = {}
+        while queue or running:
+            while queue and idle:
+                spec, attempt = queue.popleft()
+                if spec.config_json in errors:  # its run already failed: do not go on
+                    self._shard_ended(spec, left, finish)
+                    continue
+                actor = idle.pop()
+                table = (cost_tables or {}).get(spec.config_json)
+                ref = actor.run_shard.remote(spec, str(runs_dir), table, self.commit_every)
+                running[ref] = (actor, spec, attempt)
+            if not running:
+                continue
+            (ref,), _ = ray.wait(list(running), num_returns=1)
+            actor, spec, attempt = running.pop(ref)
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                replacement = self._new_actor()
+                actors[actors.index(actor)] = replacement
+                idle.append(replacement)
+                if attempt < self.max_retries:
+                    self.retries += 1
+                    queue.appendleft((spec, attempt + 1))
+                    continue
+                errors.setdefault(spec.config_json, f"shard {spec.name}: worker died: {exc}")
+            except ray.exceptions.RayTaskError as exc:
+                idle.append(actor)
+                cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+                errors.setdefault(spec.config_json, f"{type(cause).__name__}: {cause}")
+            else:
+                idle.append(actor)
+                engines.setdefault(spec.config_json, result.get("engine"))
+                totals["requests"] += result["requests"]
+                totals["tokens"] += result["tokens"]
+            totals["shards_done"] += 1
+            if progress is not None:
+                progress({**totals, "workers": len(actors), "retries": self.retries})
+            self._shard_ended(spec, left, finish)
+        return out
+
+    @staticmethod
+    def _shard_ended(spec: ShardSpec, left: dict[str, int], finish: Callable[[str], None]) -> None:
+        left[spec.config_json] -= 1
+        if left[spec.config_json] == 0:
+            finish(spec.config_json)
+
+    def _cluster_info(self, n_shards: int) -> dict[str, Any]:
+        return {
+            "engine": "ray",
+            "workers": len(self._actors),
+            "threads": getattr(self, "_threads", None),
+            "gpu": self._gpu,
+            "shard_size": self.shard_size,
+            "shards": n_shards,
+            "retries": self.retries,
+        }
