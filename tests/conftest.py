@@ -10,6 +10,7 @@ the distributions are peaked (near-uniform random logits would make every test t
 
 from __future__ import annotations
 
+import logging
 import string
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,3 +152,29 @@ def tiny_qwen2_pair(tmp_path_factory, tiny_tokenizer) -> TinyPair:
 def tiny_pair(request) -> TinyPair:
     """Both tiny pairs in turn (parametrised over the architecture)."""
     return request.getfixturevalue(f"tiny_{request.param}_pair")
+
+
+#: The bucket of the S3-compatible test server (:func:`endpoint`).
+S3_BUCKET = "relaxspec-test"
+
+
+@pytest.fixture(scope="module")
+def endpoint():
+    """A moto S3 server on a free local port, with one bucket."""
+    pytest.importorskip("s3fs")
+    boto3 = pytest.importorskip("boto3")
+    server_mod = pytest.importorskip("moto.server")
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
+    boto3.client(
+        "s3",
+        endpoint_url=url,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    ).create_bucket(Bucket=S3_BUCKET)
+    yield url
+    server.stop()

@@ -30,14 +30,19 @@ def _run(
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from exc
     chosen = engine or plan.engine
-    if chosen != "ray" and ray_options and any(
-        ray_options.get(k) is not None for k in ("address", "workers")
+    if (
+        chosen != "ray"
+        and ray_options
+        and any(ray_options.get(k) is not None for k in ("address", "workers"))
     ):
         raise click.ClickException("--address and --workers need --engine ray (or engine: ray)")
     try:
-        runs = str(batch_mod.runs_root(runs))
-    except ValueError as exc:
+        root = batch_mod.runs_root(runs)
+    except (ValueError, ImportError) as exc:
         raise click.ClickException(str(exc)) from exc
+    if not isinstance(root, Path) and chosen != "ray":
+        raise click.ClickException(f"--runs {root}: runs on an object store need --engine ray")
+    runs = str(root)
     result = batch_mod.run_batch(plan, out=out, runs=runs, jobs=jobs, progress=progress,
                                  engine=engine, ray_options=ray_options)  # fmt: skip
     minutes = (time.perf_counter() - start) / 60
@@ -74,8 +79,9 @@ _runs = click.option(
     "--runs",
     default="runs",
     show_default=True,
-    help="Run folders root (a path or a file:// URI); finished runs are reused, unfinished "
-    "ones resumed.",
+    help="Run folders root: a path, a file:// URI, or s3://bucket/prefix with --engine ray "
+    "(endpoint and keys from AWS_* variables); finished runs are reused, unfinished ones "
+    "resumed.",
 )
 _progress = click.option("--progress/--no-progress", default=True, help="Progress bar.")
 

@@ -15,26 +15,44 @@ exactly once. A shard that raises an ordinary error (bad input, a decode error) 
 retried: its run is reported failed, as with the local engine. Cost calibration and the
 paired wall-clock timing pass run on one actor, so their clocks see one worker's device.
 
-The runs root must be a folder every actor can write (one machine, or shared storage).
+The runs root is a folder every actor can write (one machine, or a shared file system),
+or an S3-compatible object store (``s3://bucket/prefix``, ``collect.storage``): there a
+shard writes a local staging folder and pushes each commit, parts first and the commit
+record last, so on the store too a chunk counts once its record exists.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from relaxspec_audit.batch.config import TaskPlan
-from relaxspec_audit.batch.shards import DEFAULT_SHARD_SIZE, ShardSpec, plan_shards
+from relaxspec_audit.batch.shards import (
+    DEFAULT_SHARD_SIZE,
+    ShardSpec,
+    has_manifest,
+    plan_shards,
+    run_location,
+)
 from relaxspec_audit.collect.config import TARGET_ONLY, RunConfig
+from relaxspec_audit.collect.schema import MANIFEST
 
 #: Torch threads per CPU actor when the caller does not say: two cores per pair keep a
 #: real model's matmuls efficient, and each actor holds a whole pair in memory.
 CPU_THREADS = 2
 #: Retries of a shard whose actor died, before its run is reported failed.
 MAX_RETRIES = 2
+
+
+def _store(runs: Any) -> Any:
+    from relaxspec_audit.collect.storage import Store, parse_store
+
+    return runs if isinstance(runs, Store) else parse_store(runs)
 
 
 def _ray() -> Any:
@@ -71,11 +89,43 @@ class ShardWorker:
     def run_shard(
         self,
         spec: ShardSpec,
-        runs_dir: str,
+        runs: str,
+        options: Mapping[str, Any] | None,
         cost_table: Mapping[str, Any] | None,
         commit_every: int = 16,
     ) -> dict[str, Any]:
-        """Decode one shard; returns its requests, tokens and the decoder's engine info."""
+        """Decode one shard; returns its requests, tokens and the decoder's engine info.
+
+        On an object store the shard writes a fresh staging folder: its namespace is
+        pulled from the store first (what the store has committed is what it resumes),
+        and each commit is pushed, parts first and the record last.
+        """
+        from relaxspec_audit.collect import storage
+
+        store = storage.parse_store(runs, options)
+        if store.is_local:
+            return self._run_shard(spec, store.root, self._committed, cost_table, commit_every)
+        with tempfile.TemporaryDirectory(prefix="relaxspec-shard-") as tmp:
+            staging = Path(tmp)
+            local_run = staging / spec.run_rel
+            storage.pull_namespace(store, spec.run_rel, spec.writer, local_run)
+
+            def push(record: Path) -> None:
+                if storage.read_json(store, spec.run_rel, MANIFEST) is None:
+                    storage.push_file(store, spec.run_rel, local_run / MANIFEST, MANIFEST)
+                storage.push_commit(store, spec.run_rel, local_run, record)
+                self._committed(record)
+
+            return self._run_shard(spec, staging, push, cost_table, commit_every)
+
+    def _run_shard(
+        self,
+        spec: ShardSpec,
+        out: Path,
+        on_commit: Callable[[Path], None],
+        cost_table: Mapping[str, Any] | None,
+        commit_every: int,
+    ) -> dict[str, Any]:
         from relaxspec_audit.batch.pairs import cached_pair
         from relaxspec_audit.collect.run import Shard, collect
 
@@ -89,22 +139,58 @@ class ShardWorker:
                 seen["engine"] = totals["engine"]
             seen["tokens"], seen["requests"] = totals["tokens"], totals["done"] - totals["skipped"]
 
-        shard = Shard(spec.request_ids, spec.writer, on_commit=self._committed)
-        collect(config, Path(runs_dir), resume=True, progress=progress, pair=pair,
+        shard = Shard(spec.request_ids, spec.writer, on_commit=on_commit)
+        collect(config, out, resume=True, progress=progress, pair=pair,
                 cost_table=cost_table, shard=shard, chunk_size=commit_every)  # fmt: skip
         return seen
 
-    def calibrate(self, configs_json: list[str], runs_dir: str) -> dict[str, dict]:
+    def calibrate(
+        self, configs_json: list[str], runs: str, options: Mapping[str, Any] | None = None
+    ) -> dict[str, dict]:
         """The batch's cost tables, measured on this worker (``batch.calibration``)."""
         from relaxspec_audit.batch.calibration import calibrate_batch
 
-        return calibrate_batch([RunConfig.from_json(c) for c in configs_json], runs_dir)
+        configs = [RunConfig.from_json(c) for c in configs_json]
+        with _synced(runs, options, "costs") as root:
+            return calibrate_batch(configs, root)
 
-    def time_task(self, task: TaskPlan, runs_dir: str) -> list[str]:
+    def time_task(
+        self, task: TaskPlan, runs: str, options: Mapping[str, Any] | None = None
+    ) -> list[str]:
         """The task's paired timing pass on this worker (``batch.timing``)."""
         from relaxspec_audit.batch.timing import time_task
 
-        return [str(p) for p in time_task(task, runs_dir)]
+        with _synced(runs, options, "timing") as root:
+            return [p.relative_to(root).as_posix() for p in time_task(task, root)]
+
+
+@contextlib.contextmanager
+def _synced(runs: str, options: Mapping[str, Any] | None, folder: str) -> Iterator[Path]:
+    """A local runs root for a step that reads and writes ``<runs>/<folder>/``.
+
+    The root itself for a local store; for an object store a staging copy of that folder
+    (cost tables, timing records), whose new or changed files are pushed back at the end.
+    """
+    from relaxspec_audit.collect import storage
+
+    store = storage.parse_store(runs, options)
+    if store.is_local:
+        yield store.root
+        return
+    with tempfile.TemporaryDirectory(prefix="relaxspec-sync-") as tmp:
+        root = Path(tmp)
+        before = {}
+        for name in storage.list_files(store, folder):
+            data = storage.read_bytes(store, folder, name)
+            if data is not None:
+                (root / folder / name).parent.mkdir(parents=True, exist_ok=True)
+                (root / folder / name).write_bytes(data)
+                before[name] = data
+        yield root
+        for path in sorted((root / folder).rglob("*.json")):
+            name = path.relative_to(root / folder).as_posix()
+            if before.get(name) != path.read_bytes():
+                storage.push_file(store, folder, path, name)
 
 
 class RayEngine:
@@ -195,17 +281,21 @@ class RayEngine:
 
     # ------------------------------------------------------------------ the batch's steps
 
-    def calibrate(self, configs: Sequence[RunConfig], runs_dir: str | Path) -> dict[str, dict]:
+    def calibrate(self, configs: Sequence[RunConfig], runs: str | Path) -> dict[str, dict]:
         """The batch's cost tables, measured on the first actor."""
         ray = _ray()
+        store = _store(runs)
         actor = self._pool(configs)[0]
-        return ray.get(actor.calibrate.remote([c.to_json() for c in configs], str(runs_dir)))
+        ref = actor.calibrate.remote([c.to_json() for c in configs], store.url, store.options)
+        return ray.get(ref)
 
-    def time_task(self, task: TaskPlan, runs_dir: str | Path) -> list[Path]:
-        """The task's paired timing pass, on one actor."""
+    def time_task(self, task: TaskPlan, runs: str | Path) -> list[str]:
+        """The task's paired timing pass, on one actor; the records' paths or URLs."""
         ray = _ray()
+        store = _store(runs)
         actor = self._pool(list(task.runs))[0]
-        return [Path(p) for p in ray.get(actor.time_task.remote(task, str(runs_dir)))]
+        names = ray.get(actor.time_task.remote(task, store.url, store.options))
+        return [store.join(name) for name in names]
 
     def collect(
         self,
@@ -220,7 +310,8 @@ class RayEngine:
 
         Args:
             configs: validated run configs.
-            runs_dir: the runs root (every actor must be able to write it).
+            runs_dir: the runs root: a folder every actor can write, or an ``s3://`` URL
+                (``collect.storage``; options from the ``AWS_*`` environment).
             cost_tables: ``{config.to_json(): table}`` for the manifests.
             on_done: called once per run, when its last shard ends, with (config, run
                 folder, error or None).
@@ -228,14 +319,14 @@ class RayEngine:
                 ``requests``, ``tokens``, ``workers`` and ``retries`` over the cluster.
 
         Returns:
-            ``{config.to_json(): (run folder, error or None)}``.
+            ``{config.to_json(): (run folder or URL, error or None)}``.
         """
         from relaxspec_audit.collect.reader import finished_request_ids, read_manifest
         from relaxspec_audit.collect.writer import finish_manifest
 
         ray = _ray()
-        runs_dir = Path(runs_dir).resolve()
-        shards, sizes = plan_shards(configs, runs_dir, self.shard_size)
+        store = _store(runs_dir)
+        shards, sizes = plan_shards(configs, store, self.shard_size)
         by_run = {c.to_json(): c for c in configs}
         left = {key: sum(s.config_json == key for s in shards) for key in by_run}
         planned = dict(left)
@@ -246,12 +337,12 @@ class RayEngine:
 
         def finish(key: str) -> None:
             config = by_run[key]
-            run_dir = config.run_dir(runs_dir)
+            run_dir = run_location(store, config)
             error = errors.get(key)
             if error is None and len(finished_request_ids(run_dir)) < sizes[key]:
                 error = "requests missing after every shard ended"
             try:
-                if (run_dir / "manifest.json").is_file():
+                if has_manifest(store, config):
                     status = "complete" if error is None else "failed"
                     extra = {"cluster": self._cluster_info(planned[key])}
                     if key in engines:
@@ -281,7 +372,9 @@ class RayEngine:
                     continue
                 actor = idle.pop()
                 table = (cost_tables or {}).get(spec.config_json)
-                ref = actor.run_shard.remote(spec, str(runs_dir), table, self.commit_every)
+                ref = actor.run_shard.remote(
+                    spec, store.url, store.options, table, self.commit_every
+                )
                 running[ref] = (actor, spec, attempt)
             if not running:
                 continue

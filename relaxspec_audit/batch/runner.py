@@ -194,8 +194,13 @@ def run_batch(
     engine = engine or plan.engine
     if engine not in ENGINES:
         raise ValueError(f"engine: must be one of {list(ENGINES)}, got {engine!r}")
-    check_kernel(kernel_name)  # before any work: a wrong kernel would fail every notebook
     runs_dir = runs_root(runs)
+    if not isinstance(runs_dir, Path) and engine != "ray":
+        raise ValueError(
+            f"runs {runs_dir}: runs on an object store are collected by the Ray engine "
+            "(--engine ray), which stages and pushes each commit"
+        )
+    check_kernel(kernel_name)  # before any work: a wrong kernel would fail every notebook
     report_dir = Path(out).resolve() / plan.name
     report_dir.mkdir(parents=True, exist_ok=True)
     all_runs = plan.all_runs()
@@ -302,23 +307,17 @@ def run_batch(
     return BatchResult(name=plan.name, report_dir=report_dir, index=index, tasks=results)
 
 
-def runs_root(runs: str | Path) -> Path:
-    """The runs root as an absolute local path; ``file://`` URIs are accepted.
+def runs_root(runs: str | Path) -> Path | str:
+    """The runs root: an absolute local path (``file://`` URIs too) or an ``s3://`` URL.
 
     Raises:
-        ValueError: another URI scheme (named), or a ``file://`` URI with a host.
+        ValueError: an unsupported location (``collect.storage.parse_store`` names it).
+        ImportError: an ``s3://`` root without s3fs (naming the extra).
     """
-    from urllib.parse import unquote, urlparse
+    from relaxspec_audit.collect.storage import parse_store
 
-    text = str(runs)
-    if "://" not in text:
-        return Path(text).expanduser().resolve()
-    url = urlparse(text)
-    if url.scheme == "file" and url.netloc in ("", "localhost"):
-        return Path(unquote(url.path)).resolve()
-    if url.scheme == "file":
-        raise ValueError(f"--runs {text}: a file:// URI names no host (file:///abs/path)")
-    raise ValueError(f"--runs {text}: scheme {url.scheme!r} is not supported here")
+    store = parse_store(runs)
+    return store.root if store.is_local else store.url
 
 
 def _divergence_pages(

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from relaxspec_audit.collect.config import RunConfig
+from relaxspec_audit.collect.schema import MANIFEST
+from relaxspec_audit.collect.storage import Store, parse_store
 
 #: Requests per shard when the caller does not say: a few batches of a GPU engine, and a
 #: few minutes of a CPU worker on a real pair, so a lost shard costs little to redo.
@@ -60,14 +62,35 @@ def run_request_ids(config: RunConfig) -> list[str]:
     return list(_sample_requests(task.items, config.samples_per_item))
 
 
+def run_location(store: Store, config: RunConfig) -> Path | str:
+    """A run's folder (local store) or URL (object store)."""
+    rel = run_rel(config)
+    return store.root / rel if store.is_local else store.join(rel)
+
+
+def run_rel(config: RunConfig) -> str:
+    """A run's folder relative to the runs root (``task=…/rule=…/run=…``)."""
+    return config.run_dir(Path()).as_posix()
+
+
+def has_manifest(store: Store, config: RunConfig) -> bool:
+    """Whether the run exists in the store (its manifest is written)."""
+    if store.is_local:
+        return (store.root / run_rel(config) / MANIFEST).is_file()
+    return store.fs().exists(store._key(run_rel(config), MANIFEST))
+
+
 def plan_shards(
-    configs: Sequence[RunConfig], runs_dir: str | Path, shard_size: int = DEFAULT_SHARD_SIZE
+    configs: Sequence[RunConfig],
+    runs_dir: str | Path | Store,
+    shard_size: int = DEFAULT_SHARD_SIZE,
 ) -> tuple[list[ShardSpec], dict[str, int]]:
     """The shards still to run, and each run's number of requests.
 
     Args:
         configs: validated run configs.
-        runs_dir: the runs root, read for what is already committed.
+        runs_dir: the runs root (a path, URL or :class:`~relaxspec_audit.collect.storage.
+            Store`), read for what is already committed.
         shard_size: requests per shard (≥ 1).
 
     Returns:
@@ -81,15 +104,15 @@ def plan_shards(
 
     if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1:
         raise ValueError(f"shard_size: must be an integer >= 1, got {shard_size!r}")
-    runs_dir = Path(runs_dir)
+    store = runs_dir if isinstance(runs_dir, Store) else parse_store(runs_dir)
     shards: list[ShardSpec] = []
     sizes: dict[str, int] = {}
     for config in configs:
         ids = run_request_ids(config)
         sizes[config.to_json()] = len(ids)
-        run_dir = config.run_dir(runs_dir)
-        done = finished_request_ids(run_dir) if run_dir.is_dir() else set()
-        rel = run_dir.relative_to(runs_dir).as_posix()
+        rel = run_rel(config)
+        done = finished_request_ids(run_location(store, config)) if has_manifest(
+            store, config) else set()  # fmt: skip
         for index, start in enumerate(range(0, len(ids), shard_size)):
             chunk = tuple(ids[start : start + shard_size])
             todo = sum(rid not in done for rid in chunk)

@@ -5,11 +5,17 @@
 (:func:`verify_run`): recorded parts present with their recorded sha256, unique request
 ids, no unrecorded part in a complete run, values in range. Failures raise ``LogError``
 naming the file. Runs written before commit records are read *unverified*.
+
+A run folder is a local path or an object-store URL (``s3://bucket/prefix/task=…/…``,
+:mod:`~relaxspec_audit.collect.storage`): remote runs are listed and verified through the
+store and scanned by polars from their URLs, with the store's options, never copied here
+first. :func:`find_runs` returns local runs as ``Path`` and remote ones as URL strings.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -18,9 +24,13 @@ from typing import Any
 
 import polars as pl
 
+from relaxspec_audit.collect import storage
 from relaxspec_audit.collect.config import task_slug
 from relaxspec_audit.collect.schema import (
+    _PART_RE,
+    _RECORD_RE,
     ADDED_COLUMNS,
+    COMMITS,
     HIVE_KEYS,
     MANIFEST,
     SCHEMA,
@@ -38,14 +48,17 @@ from relaxspec_audit.collect.schema import (
     empty_frame,
 )
 
+#: A run folder, a part or a record: a local path, or a URL on an object store.
+Where = Path | str
+
 
 @dataclass
 class _Chunk:
     """One committed chunk: its parts per table (None: no rows) and its record (if any)."""
 
     name: str
-    parts: dict[str, Path | None]
-    record: Path | None = None
+    parts: dict[str, Where | None]
+    record: Where | None = None
     request_ids: list[str] | None = None
     recorded: dict[str, Any] | None = None  # the record's "parts": file, rows, sha256
 
@@ -60,21 +73,13 @@ def committed_chunks(run_dir: str | Path) -> list[_Chunk]:
     Raises:
         LogError: a commit record that is not valid JSON or lacks its fields (named).
     """
-    run_dir = Path(run_dir)
+    run_dir = _locate(run_dir)
+    if isinstance(run_dir, str):
+        return _remote_chunks(run_dir, _listing(run_dir))
     chunks = []
     for path in _records(run_dir):
         record = _read_json(path)
-        try:
-            ids = [str(i) for i in record["request_ids"]]
-            parts = {
-                t: None if record["parts"][t] is None else run_dir / record["parts"][t]["file"]
-                for t in TABLES
-            }
-        except (KeyError, TypeError) as exc:
-            raise LogError(f"{path}: not a commit record (missing {exc})") from exc
-        if parts["requests"] is None:
-            raise LogError(f"{path}: commit record without a requests part")
-        chunks.append(_Chunk(path.stem, parts, path, ids, record["parts"]))
+        chunks.append(_record_chunk(path, path.stem, record, lambda f: run_dir / f))
     for part in _parts(run_dir / "requests"):
         if _writer_of(part) is None:
             chunks.append(
@@ -89,6 +94,72 @@ def committed_chunks(run_dir: str | Path) -> list[_Chunk]:
     return chunks
 
 
+def _record_chunk(where: Where, name: str, record: Any, part_of: Any) -> _Chunk:
+    """The chunk a commit record commits (``part_of``: a record's file -> the part)."""
+    try:
+        ids = [str(i) for i in record["request_ids"]]
+        parts = {
+            t: None if record["parts"][t] is None else part_of(record["parts"][t]["file"])
+            for t in TABLES
+        }
+    except (KeyError, TypeError) as exc:
+        raise LogError(f"{where}: not a commit record (missing {exc})") from exc
+    if parts["requests"] is None:
+        raise LogError(f"{where}: commit record without a requests part")
+    return _Chunk(name, parts, where, ids, record["parts"])
+
+
+def _remote_chunks(run: str, files: Mapping[str, Any]) -> list[_Chunk]:
+    """:func:`committed_chunks` of a run on an object store, from its listing."""
+    store = storage.parse_store(run)
+    chunks = []
+    for folder, name in _entries(files, COMMITS, _RECORD_RE):
+        record = storage.read_json(store, "", f"{folder}/{name}")
+        if record is None:
+            continue  # removed since the listing (a writer starting over): commits nothing
+        where = store.join(folder, name)
+        chunks.append(_record_chunk(where, name.removesuffix(".json"), record, store.join))
+    for _, name in _entries(files, "requests", _PART_RE):
+        if _PART_RE.match(name).group("writer") is None:
+            parts = {t: store.join(t, name) if f"{t}/{name}" in files else None for t in TABLES}
+            chunks.append(_Chunk(name, parts))
+    return chunks
+
+
+def _entries(files: Mapping[str, Any], folder: str, pattern: Any) -> list[tuple[str, str]]:
+    """``(folder, name)`` of the listed files directly in ``folder`` matching ``pattern``."""
+    out = []
+    for rel in sorted(files):
+        head, _, name = rel.partition("/")
+        if head == folder and pattern.match(name):
+            out.append((head, name))
+    return out
+
+
+def _locate(run_dir: str | Path) -> Where:
+    """A ``Path`` for a local folder, a normalised URL for a remote one.
+
+    Raises:
+        LogError: an unsupported URL (named, with what is supported).
+    """
+    try:
+        return storage.locate(run_dir)
+    except ValueError as exc:
+        raise LogError(str(exc)) from exc
+
+
+def _listing(run: str) -> dict[str, dict[str, Any]]:
+    """Every file of a remote run (relative name -> size and version), in one listing."""
+    return storage.list_files(storage.parse_store(run))
+
+
+def _polars_options(run: Where) -> dict[str, Any]:
+    """``storage_options`` keyword for polars: none for a local run."""
+    if isinstance(run, Path):
+        return {}
+    return {"storage_options": storage.parse_store(run).polars_options()}
+
+
 def is_verified(run_dir: str | Path) -> bool:
     """Whether every committed chunk of the run has a commit record.
 
@@ -101,13 +172,14 @@ def finished_request_ids(run_dir: str | Path) -> set[str]:
     """Ids of the requests committed in a run folder (empty if it has none yet)."""
     ids: set[str] = set()
     legacy = []
+    kw = _polars_options(_locate(run_dir))
     for chunk in committed_chunks(run_dir):
         if chunk.request_ids is not None:
             ids.update(chunk.request_ids)
         else:
             legacy.append(chunk.parts["requests"])
     if legacy:
-        df = pl.concat([pl.read_parquet(p, columns=["request_id"]) for p in legacy])
+        df = pl.concat([pl.read_parquet(p, columns=["request_id"], **kw) for p in legacy])
         ids.update(df["request_id"].to_list())
     return ids
 
@@ -118,10 +190,18 @@ def read_manifest(run_dir: str | Path) -> dict[str, Any]:
     Raises:
         LogError: the folder is not a run (no manifest.json) or has another schema version.
     """
-    path = Path(run_dir) / MANIFEST
-    if not path.is_file():
-        raise LogError(f"{run_dir}: not a run folder (no {MANIFEST})")
-    manifest = _read_json(path)
+    where = _locate(run_dir)
+    if isinstance(where, str):
+        store = storage.parse_store(where)
+        path: Where = store.join(MANIFEST)
+        manifest = storage.read_json(store, "", MANIFEST)
+        if manifest is None:
+            raise LogError(f"{run_dir}: not a run folder (no {MANIFEST})")
+    else:
+        path = where / MANIFEST
+        if not path.is_file():
+            raise LogError(f"{run_dir}: not a run folder (no {MANIFEST})")
+        manifest = _read_json(path)
     version = manifest.get("schema_version")
     if version != SCHEMA_VERSION:
         raise LogError(
@@ -131,7 +211,7 @@ def read_manifest(run_dir: str | Path) -> dict[str, Any]:
     return manifest
 
 
-def find_runs(paths: str | Path | Iterable[str | Path], *, variants: bool = False) -> list[Path]:
+def find_runs(paths: str | Path | Iterable[str | Path], *, variants: bool = False) -> list[Where]:
     """Run folders given directly or found under parent folders, sorted, no duplicates.
 
     Replica runs (a config ``variant``: a batch's noise-floor and coupling runs) found
@@ -139,13 +219,21 @@ def find_runs(paths: str | Path | Iterable[str | Path], *, variants: bool = Fals
     setting on another batch size, dtype or seed, and pooling them with the main runs
     would count those items twice. A replica named directly is always kept.
 
+    Local runs come back as resolved ``Path`` objects, then runs on an object store as
+    ``s3://`` URL strings (below a root, every prefix holding a manifest.json:
+    ``task=*/rule=*/run=*`` in the layout the writers use).
+
     Raises:
         LogError: a path that does not exist or holds no run folder (named).
     """
     if isinstance(paths, str | Path):
         paths = [paths]
     runs: list[Path] = []
-    for path in map(Path, paths):
+    remote: list[str] = []
+    for path in map(_locate, paths):
+        if isinstance(path, str):
+            remote.extend(_find_remote(path, variants))
+            continue
         if not path.exists():
             raise LogError(f"{path}: no such run folder")
         if (path / MANIFEST).is_file():
@@ -155,14 +243,34 @@ def find_runs(paths: str | Path | Iterable[str | Path], *, variants: bool = Fals
         if not found:
             raise LogError(f"{path}: not a run folder and holds none (no {MANIFEST} below it)")
         runs.extend(r for r in found if variants or not _is_replica(r))
-    return sorted(dict.fromkeys(p.resolve() for p in runs))
+    return [*sorted(dict.fromkeys(p.resolve() for p in runs)), *sorted(set(remote))]
 
 
-def _is_replica(run_dir: Path) -> bool:
+def _find_remote(url: str, variants: bool) -> list[str]:
+    """:func:`find_runs` of one location on an object store (one listing below it)."""
+    store = storage.parse_store(url)
+    if store.fs().isfile(store._key(MANIFEST)):
+        return [url]
+    files = storage.list_files(store)
+    if not files:
+        raise LogError(f"{url}: no such run folder")
+    found = sorted(
+        store.join(rel.rsplit("/", 1)[0]) for rel in files if rel.endswith(f"/{MANIFEST}")
+    )
+    if not found:
+        raise LogError(f"{url}: not a run folder and holds none (no {MANIFEST} below it)")
+    return [r for r in found if variants or not _is_replica(r)]
+
+
+def _is_replica(run_dir: Where) -> bool:
     """Whether a run folder's manifest names a replica ``variant``."""
     try:
-        config = json.loads((run_dir / MANIFEST).read_text()).get("config") or {}
-    except (OSError, ValueError):
+        if isinstance(run_dir, str):
+            manifest = storage.read_json(storage.parse_store(run_dir), "", MANIFEST) or {}
+        else:
+            manifest = json.loads((run_dir / MANIFEST).read_text())
+        config = manifest.get("config") or {}
+    except (OSError, ValueError, LogError):
         return False  # unreadable: verification on read names the problem
     return bool(config.get("variant"))
 
@@ -192,7 +300,8 @@ def scan(paths: str | Path | Iterable[str | Path], table: str, verify: bool = Tr
             verify_run(run_dir, table, manifest=manifest, chunks=chunks)
         parts = [c.parts[table] for c in chunks if c.parts[table] is not None]
         if not verify:  # read what is there: a missing part is verify's to report
-            parts = [p for p in parts if p.is_file()]
+            exists = Path.is_file if isinstance(run_dir, Path) else _Remote(run_dir).has
+            parts = [p for p in parts if exists(p)]
         if not parts:
             continue
         keys = {
@@ -200,7 +309,7 @@ def scan(paths: str | Path | Iterable[str | Path], table: str, verify: bool = Tr
             "rule": config.get("rule", _hive_value(run_dir, "rule")),
             "run": manifest.get("run_id", _hive_value(run_dir, "run")),
         }
-        lf = _scan_parts(sorted(parts), table)
+        lf = _scan_parts(sorted(parts), table, **_polars_options(run_dir))
         frames.append(
             lf.with_columns(pl.lit(v, dtype=pl.String()).alias(k) for k, v in keys.items())
         )
@@ -222,10 +331,13 @@ def _scan_parts(parts: Iterable[str | Path], table: str, **kw: Any) -> pl.LazyFr
     )
 
 
-def _check_columns(path: Path, table: str) -> None:
-    """A part holds every column of its table, except those added since (``ADDED_COLUMNS``)."""
+def _check_columns(path: Where, table: str, data: bytes | None = None) -> None:
+    """A part holds every column of its table, except those added since (``ADDED_COLUMNS``).
+
+    ``data``: the part's bytes when already read (a remote part), else it is read here.
+    """
     try:
-        have = set(pl.read_parquet_schema(path))
+        have = set(pl.read_parquet_schema(path if data is None else io.BytesIO(data)))
     except Exception as exc:  # polars raises several types for a bad footer
         raise LogError(f"{path}: unreadable Parquet footer: {exc}") from exc
     optional = set(ADDED_COLUMNS.get(table, ()))
@@ -239,9 +351,10 @@ def _check_columns(path: Path, table: str) -> None:
 #: Closed value sets of the string columns (the cause enum: verify.block.Cause, lower case).
 KINDS = ("draft", "recovery", "bonus")
 STOPS = ("eos", "length", "stop")
-# Parts already verified in this process, by (path, size, mtime_ns, inode): a report scans
-# each run several times and should hash it once.
-_VERIFIED: set[tuple[str, str, int, int, int]] = set()
+# Parts already verified in this process, by (path, size, mtime_ns, inode) or, on an
+# object store, (URL, size, ETag): a report scans each run several times and should hash
+# it once.
+_VERIFIED: set[tuple[Any, ...]] = set()
 
 
 def verify_run(
@@ -264,18 +377,19 @@ def verify_run(
     Raises:
         LogError: the first problem, naming the file and the column or request.
     """
-    run_dir = Path(run_dir)
+    run_dir = _locate(run_dir)
     manifest = read_manifest(run_dir) if manifest is None else manifest
     chunks = committed_chunks(run_dir) if chunks is None else chunks
-    seen: dict[str, Path] = {}
-    listed: set[Path] = set()
+    remote = _Remote(run_dir) if isinstance(run_dir, str) else None
+    seen: dict[str, Where] = {}
+    listed: set[Where] = set()
     for c in chunks:
         if c.record is None:
             continue
         for t, path in c.parts.items():
             if path is not None:
                 listed.add(path)
-                if not path.is_file():
+                if not (path.is_file() if remote is None else remote.has(path)):
                     raise LogError(f"{path}: {t} part missing (committed by {c.record})")
         for rid in c.request_ids or ():
             if rid in seen:
@@ -283,25 +397,60 @@ def verify_run(
             seen[rid] = c.record
     if manifest.get("status") == "complete":
         for t in TABLES:
-            for part in _parts(run_dir / t):
-                if _writer_of(part) is not None and part not in listed:
+            on_disk = _parts(run_dir / t) if remote is None else remote.parts(t)
+            for part in on_disk:
+                if _writer_of(Path(part)) is not None and part not in listed:
                     raise LogError(f"{part}: part in no commit record of a complete run")
+    kw = _polars_options(run_dir)
+    stat_key = _stat_key if remote is None else remote.stat_key
     for t in TABLES if table is None else (_check_table(table),):
         records = {c.parts[t]: c.recorded[t] for c in chunks if c.recorded and c.parts[t]}
         parts = [c.parts[t] for c in chunks if c.parts[t] is not None]
-        todo = [p for p in parts if _stat_key(p) not in _VERIFIED]
+        todo = [p for p in parts if stat_key(p) not in _VERIFIED]
         for part in todo:
+            # a remote part is read once, for its hash and its footer
+            data = None if remote is None else remote.read(part)
             if part in records:
-                _check_bytes(part, records[part])
+                _check_bytes(part, records[part], data)
             else:
-                _check_parquet(part)
-            _check_columns(part, t)
+                _check_parquet(part, data)
+            _check_columns(part, t, data)
         if todo:
-            _check_values(t, todo)
+            _check_values(t, todo, **kw)
         if t == "requests" and parts:
-            _check_unique_ids(parts)
-        _VERIFIED.update(_stat_key(p) for p in todo)
+            _check_unique_ids(parts, **kw)
+        _VERIFIED.update(stat_key(p) for p in todo)
     return all(c.record is not None for c in chunks)
+
+
+class _Remote:
+    """One listing of a remote run: which parts are there, and their identity (size, ETag).
+
+    One LIST per run instead of a request per part, as the local checks stat each file.
+    """
+
+    def __init__(self, run: str):
+        self.store = storage.parse_store(run)
+        self.files = storage.list_files(self.store)
+
+    def rel(self, part: Where) -> str:
+        return str(part)[len(self.store.url) + 1 :]
+
+    def has(self, part: Where) -> bool:
+        return self.rel(part) in self.files
+
+    def parts(self, table: str) -> list[str]:
+        return [self.store.join(t, name) for t, name in _entries(self.files, table, _PART_RE)]
+
+    def stat_key(self, part: Where) -> tuple[Any, ...]:
+        info = self.files.get(self.rel(part), {})
+        return ("s", str(part), info.get("size"), info.get("version"))
+
+    def read(self, part: Where) -> bytes:
+        data = storage.read_bytes(self.store, "", self.rel(part))
+        if data is None:
+            raise LogError(f"{part}: part missing (removed since the run was listed)")
+        return data
 
 
 def _stat_key(path: Path) -> tuple[str, str, int, int, int]:
@@ -309,12 +458,17 @@ def _stat_key(path: Path) -> tuple[str, str, int, int, int]:
     return ("v", str(path), st.st_size, st.st_mtime_ns, st.st_ino)
 
 
-def _check_bytes(path: Path, record: Mapping[str, Any]) -> None:
-    size = path.stat().st_size
+def _check_bytes(path: Where, record: Mapping[str, Any], data: bytes | None = None) -> None:
+    """A part's bytes hash to its record's sha256 (``data``: already read, else read here)."""
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(1 << 20):
-            h.update(block)
+    if data is None:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            while block := fh.read(1 << 20):
+                h.update(block)
+    else:
+        size = len(data)
+        h.update(data)
     if h.hexdigest() != record.get("sha256"):
         raise LogError(
             f"{path}: bytes differ from its commit record (sha256 mismatch, {size} bytes); "
@@ -322,17 +476,20 @@ def _check_bytes(path: Path, record: Mapping[str, Any]) -> None:
         )
 
 
-def _check_parquet(path: Path) -> None:
+def _check_parquet(path: Where, data: bytes | None = None) -> None:
     """A legacy part (no record): at least a whole Parquet file with the table's columns."""
-    size = path.stat().st_size
-    with open(path, "rb") as fh:
-        head = fh.read(4)
-        fh.seek(max(0, size - 4))
-        tail = fh.read(4)
+    if data is None:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+            fh.seek(max(0, size - 4))
+            tail = fh.read(4)
+    else:
+        size, head, tail = len(data), data[:4], data[-4:]
     if size < 12 or head != b"PAR1" or tail != b"PAR1":
         raise LogError(f"{path}: not a whole Parquet file ({size} bytes; truncated?)")
     try:
-        pl.read_parquet_schema(path)
+        pl.read_parquet_schema(path if data is None else io.BytesIO(data))
     except Exception as exc:  # polars raises several types for a bad footer
         raise LogError(f"{path}: unreadable Parquet footer: {exc}") from exc
 
@@ -364,17 +521,18 @@ def _bad_value_exprs(table: str) -> dict[str, pl.Expr]:
     return {}
 
 
-def _check_values(table: str, parts: list[Path]) -> None:
+def _check_values(table: str, parts: list[Where], **kw: Any) -> None:
+    """Every value of the parts in range (``kw``: a remote run's ``storage_options``)."""
     exprs = _bad_value_exprs(table)
     if not exprs:
         return
-    lf = _scan_parts(parts, table, include_file_paths="_file")
+    lf = _scan_parts(parts, table, include_file_paths="_file", **kw)
     try:
         counts = lf.select(e.sum().alias(k) for k, e in exprs.items()).collect().row(0, named=True)
     except Exception as exc:  # a part polars cannot decode: find and name it
         for part in parts:
             try:
-                _scan_parts([part], table).select(list(exprs)).collect()
+                _scan_parts([part], table, **kw).select(list(exprs)).collect()
             except Exception as exc2:
                 raise LogError(f"{part}: unreadable {table} part: {exc2}") from exc2
         raise LogError(f"{table}: unreadable parts {parts[:3]}…: {exc}") from exc
@@ -401,9 +559,9 @@ _EXPECTED = {
 }
 
 
-def _check_unique_ids(parts: list[Path]) -> None:
+def _check_unique_ids(parts: list[Where], **kw: Any) -> None:
     ids = pl.scan_parquet(
-        [str(p) for p in parts], schema=SCHEMA["requests"], include_file_paths="_file"
+        [str(p) for p in parts], schema=SCHEMA["requests"], include_file_paths="_file", **kw
     ).select("request_id", "_file")
     dup = ids.filter(pl.col("request_id").is_duplicated()).sort("request_id").head(2).collect()
     if dup.height:

@@ -216,8 +216,10 @@ def _own_numbers(folder: Path, writer: str) -> Iterable[int]:
             yield int(m.group("n"))
 
 
-def _hive_value(run_dir: Path, key: str) -> str | None:
-    for part in run_dir.parts:
+def _hive_value(run_dir: Path | str, key: str) -> str | None:
+    """The value of a hive key (``task=…``) in a run folder's path or URL (None: absent)."""
+    names = run_dir.parts if isinstance(run_dir, Path) else str(run_dir).split("/")
+    for part in names:
         if part.startswith(f"{key}="):
             return part.split("=", 1)[1]
     return None

@@ -330,17 +330,22 @@ def finish_manifest(run_dir: str | Path, status: str, **fields: Any) -> dict[str
 
     Called by the one process that scheduled the shards, once none of them is writing: the
     count is read back from the commit records, so it is what a reader will find.
+    ``run_dir`` is a run folder or an object store URL (``collect.storage``).
 
     Returns:
         The manifest written.
     """
+    from relaxspec_audit.collect import storage
     from relaxspec_audit.collect.reader import read_manifest
 
-    run_dir = Path(run_dir)
     manifest = read_manifest(run_dir)
     manifest.update(fields)
     manifest.update(status=status, ended_at=_now(), n_requests=len(finished_request_ids(run_dir)))
-    _atomic_write_text(run_dir / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
+    if storage.is_remote(run_dir):  # one PUT: readers see the old manifest or the new one
+        storage.write_json(storage.parse_store(run_dir), "", MANIFEST, manifest)
+    else:
+        text = json.dumps(manifest, indent=2, sort_keys=True)
+        _atomic_write_text(Path(run_dir) / MANIFEST, text)
     return manifest
 
 

@@ -30,8 +30,11 @@ def resolve_runs_dir(runs_dir: str | Path) -> str | Path:
     notebook is run from there (papermill, the batch); both must find the same runs. An
     absolute path, or one found nowhere, is returned unchanged (the check then names it).
     Falling back to the repository's folder is said on stderr, so that a notebook run
-    from elsewhere never audits the checkout's runs silently.
+    from elsewhere never audits the checkout's runs silently. An object-store URL
+    (``s3://…``) is returned unchanged: the reader opens it.
     """
+    if _is_url(runs_dir):
+        return runs_dir
     path = Path(runs_dir)
     if path.is_absolute() or path.is_dir() or not str(runs_dir):
         return runs_dir
@@ -71,7 +74,8 @@ def validate_parameters(**params: Any) -> None:
         if name == "runs_dir":
             if not isinstance(value, str | Path) or not value:
                 bad(name, "must be a folder")
-            if params.get("collect") is not True and not Path(value).is_dir():
+            local = not _is_url(value)  # a URL's runs are checked by runs_table below
+            if params.get("collect") is not True and local and not Path(value).is_dir():
                 bad(name, "must be an existing folder of run folders")
         elif name == "task":
             if not isinstance(value, str) or not value:
@@ -133,6 +137,13 @@ def validate_parameters(**params: Any) -> None:
             raise ValueError(
                 f"task: no runs of task {params['task']!r} under runs_dir {params['runs_dir']!r}"
             )
+
+
+def _is_url(value: Any) -> bool:
+    """An object-store URL (``s3://…``): the reader's to open, not a local folder."""
+    from relaxspec_audit.collect.storage import is_remote  # polars: only when checked
+
+    return isinstance(value, str | Path) and is_remote(value)
 
 
 def _number(value: Any) -> bool:

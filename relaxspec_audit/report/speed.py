@@ -117,6 +117,36 @@ def speculation_sentence(
     return out
 
 
+def _timing_records(runs_dir: str | Path) -> list[dict[str, Any]]:
+    """The readable ``timing/*.json`` records under a runs root (local or on a store)."""
+    import json
+
+    from relaxspec_audit.collect import storage
+
+    if not storage.is_remote(runs_dir):
+        folder = Path(runs_dir) / "timing"
+        out = []
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            try:
+                out.append(json.loads(path.read_text()))
+            except (OSError, ValueError):
+                continue
+        return out
+    store = storage.parse_store(runs_dir)
+    names = sorted(n for n in storage.list_files(store, "timing") if n.endswith(".json"))
+    out = []
+    for name in names:
+        if "/" in name:  # the local glob reads only timing/*.json, not subfolders
+            continue
+        try:
+            rec = storage.read_json(store, "timing", name)
+        except storage.LogError:
+            continue  # unreadable, as a local one is skipped
+        if rec is not None:
+            out.append(rec)
+    return out
+
+
 def timing_for(
     runs_dir: str | Path, reference_run: str, candidate_run: str, *, alpha: float = 0.05
 ) -> dict[str, Any] | None:
@@ -129,17 +159,10 @@ def timing_for(
         ``{"speedup", "ci_low", "ci_high", "label", "timing_id"}``, or None when no record
         timed the two runs.
     """
-    import json
-
     from relaxspec_audit.audit.walltime import timing_speedups
 
-    folder = Path(runs_dir) / "timing"
     found = []
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        try:
-            rec = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
+    for rec in _timing_records(runs_dir):
         ids = rec.get("run_ids") or []
         if reference_run in ids and candidate_run in ids:
             found.append(rec)
