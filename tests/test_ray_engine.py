@@ -276,3 +276,36 @@ def test_shards_on_an_object_store_commit_once_and_the_reports_read_it(
     fam = summary["families"][0]
     assert fam["confirmation"]["n_requests"] == 4
     assert fam["speed"]["wall_clock"]["kind"] != "collection runs, unpaired"  # timing on S3
+
+
+def test_a_shard_waits_out_the_lease_of_a_worker_lost_on_another_host(tmp_path, monkeypatch):
+    """A lost node's lease cannot be proved dead from here: the retry waits until its
+    heartbeat is LEASE_TIMEOUT_S old, then takes it (no Ray needed: the actor's body)."""
+    import time
+
+    from relaxspec_audit.batch import ray_engine
+    from relaxspec_audit.collect.lease import LeaseHeldError
+    from relaxspec_audit.collect.schema import LEASE_TIMEOUT_S
+
+    (config,) = _configs(limit=2)[:1]
+    (spec,) = plan_shards([config], tmp_path, shard_size=2)[0]
+    run_dir = config.run_dir(tmp_path)
+    run_dir.mkdir(parents=True)
+    lease = run_dir / f".lease-{spec.writer}.json"
+
+    def held(stale_in: float) -> None:  # a holder on another host, stale in `stale_in` s
+        beat = time.time() - LEASE_TIMEOUT_S + stale_in
+        info = {"pid": 1, "host": "elsewhere", "token": "t", "heartbeat": beat}
+        lease.write_text(json.dumps(info))
+
+    worker = ray_engine.ShardWorker(threads=1)
+    monkeypatch.setattr(ray_engine, "LEASE_WAIT_S", 0.05)
+    monkeypatch.setattr(ray_engine, "LEASE_TIMEOUT_S", -LEASE_TIMEOUT_S)  # no wait at all
+    held(60.0)
+    with pytest.raises(LeaseHeldError, match="held by pid 1 on elsewhere"):
+        worker.run_shard(spec, str(tmp_path), None, None)
+    monkeypatch.setattr(ray_engine, "LEASE_TIMEOUT_S", LEASE_TIMEOUT_S)
+    held(0.3)
+    seen = worker.run_shard(spec, str(tmp_path), None, None)
+    assert seen["requests"] == 2
+    assert finished_request_ids(run_dir) == set(spec.request_ids)

@@ -11,9 +11,11 @@ shard marks a run complete that others are still writing.
 Faults: an actor that dies (its process killed, its node lost) fails its shard with
 ``RayActorError``; the shard goes back to the queue for a fresh actor, which resumes the
 shard's committed chunks and drops its uncommitted parts, so every request is logged
-exactly once. A shard that raises an ordinary error (bad input, a decode error) is not
-retried: its run is reported failed, as with the local engine. Cost calibration and the
-paired wall-clock timing pass run on one actor, so their clocks see one worker's device.
+exactly once. A worker lost on another host leaves a lease this host cannot prove dead;
+the retry waits for its heartbeat to go stale (``LEASE_TIMEOUT_S``) before taking it.
+A shard that raises an ordinary error (bad input, a decode error) is not retried: its
+run is reported failed, as with the local engine. Cost calibration and the paired
+wall-clock timing pass run on one actor, so their clocks see one worker's device.
 
 The runs root is a folder every actor can write (one machine, or a shared file system),
 or an S3-compatible object store (``s3://bucket/prefix``, ``collect.storage``): there a
@@ -26,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -40,13 +43,16 @@ from relaxspec_audit.batch.shards import (
     run_location,
 )
 from relaxspec_audit.collect.config import TARGET_ONLY, RunConfig
-from relaxspec_audit.collect.schema import MANIFEST
+from relaxspec_audit.collect.lease import LeaseHeldError
+from relaxspec_audit.collect.schema import LEASE_TIMEOUT_S, MANIFEST
 
 #: Torch threads per CPU actor when the caller does not say: two cores per pair keep a
 #: real model's matmuls efficient, and each actor holds a whole pair in memory.
 CPU_THREADS = 2
 #: Retries of a shard whose actor died, before its run is reported failed.
 MAX_RETRIES = 2
+#: Seconds between tries to take a shard's lease still held by a lost worker.
+LEASE_WAIT_S = 15.0
 
 
 def _store(runs: Any) -> Any:
@@ -140,9 +146,18 @@ class ShardWorker:
             seen["tokens"], seen["requests"] = totals["tokens"], totals["done"] - totals["skipped"]
 
         shard = Shard(spec.request_ids, spec.writer, on_commit=on_commit)
-        collect(config, out, resume=True, progress=progress, pair=pair,
-                cost_table=cost_table, shard=shard, chunk_size=commit_every)  # fmt: skip
-        return seen
+        # A worker lost with its node leaves a lease whose PID this host cannot check: it
+        # goes stale when its heartbeat is LEASE_TIMEOUT_S old, so wait that long for it.
+        deadline = time.monotonic() + LEASE_TIMEOUT_S + LEASE_WAIT_S
+        while True:
+            try:
+                collect(config, out, resume=True, progress=progress, pair=pair,
+                        cost_table=cost_table, shard=shard, chunk_size=commit_every)  # fmt: skip
+                return seen
+            except LeaseHeldError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(LEASE_WAIT_S)
 
     def calibrate(
         self, configs_json: list[str], runs: str, options: Mapping[str, Any] | None = None

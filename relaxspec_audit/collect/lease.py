@@ -20,6 +20,10 @@ from typing import Any
 from relaxspec_audit.collect.schema import LEASE_TIMEOUT_S, LogError
 
 
+class LeaseHeldError(LogError):
+    """A live writer (by its heartbeat) holds the namespace; a dead one's goes stale."""
+
+
 class Lease:
     """A writer's hold on one namespace of a run folder: ``.lease-<writer>.json``.
 
@@ -50,7 +54,7 @@ class Lease:
         """Take the lease (or a stale one) and start the heartbeat.
 
         Raises:
-            LogError: a live writer holds the namespace (folder and holder named).
+            LeaseHeldError: a live writer holds the namespace (folder and holder named).
         """
         for _ in range(5):
             if self._create():
@@ -60,7 +64,7 @@ class Lease:
                 continue
             if not self._stale(info):
                 age = time.time() - float(info.get("heartbeat", 0) or 0)
-                raise LogError(
+                raise LeaseHeldError(
                     f"{self.run_dir}: writer namespace {self.writer!r} is held by pid "
                     f"{info.get('pid')} on {info.get('host')} (heartbeat {age:.0f} s ago, "
                     f"lease {self.path.name}); another collect is writing this run folder. "
