@@ -77,9 +77,9 @@ def _per_request(run_dir) -> dict[str, SimpleNamespace]:
 
 def test_shards_cut_runs_into_stable_chunks_and_skip_committed_ones(tmp_path):
     configs = _configs(limit=5)
-    shards, sizes = plan_shards(configs, tmp_path, shard_size=2)
+    shards, wanted = plan_shards(configs, tmp_path, shard_size=2)
     assert [s.index for s in shards if s.config_json == configs[0].to_json()] == [0, 1, 2]
-    assert all(n == 5 for n in sizes.values())
+    assert all(len(ids) == 5 for ids in wanted.values())
     ids = run_request_ids(configs[0])
     first = [s for s in shards if s.config_json == configs[0].to_json()]
     assert [rid for s in first for rid in s.request_ids] == ids  # every request once, in order
@@ -122,28 +122,30 @@ def test_ray_logs_equal_the_local_engine_up_to_near_ties(cluster, tmp_path):
 
 def test_a_worker_killed_after_a_commit_loses_nothing_and_duplicates_nothing(cluster, tmp_path):
     configs = _configs()[:2]
-    # Shards of 4 requests committing every 2: the first actor dies right after its first
-    # commit, half way through a shard; a fresh actor resumes the shard.
-    engine = _engine(shard_size=4, commit_every=2, die_after_commits=1)
+    # Shards of 4 and 2 requests committing every request: the actor with the hook dies
+    # right after its first commit, part way through whichever shard it took; a fresh
+    # actor resumes that shard and decodes only what was not committed.
+    engine = _engine(shard_size=4, commit_every=1, die_after_commits=1)
+    seen = []
     try:
-        out = engine.collect(configs, tmp_path)
+        out = engine.collect(configs, tmp_path, progress=seen.append)
     finally:
         engine.close()
     assert engine.retries == 1
+    total = sum(len(run_request_ids(c)) for c in configs)
+    # The dead attempt reported nothing; its one committed request was not decoded again.
+    assert seen[-1]["requests"] == total - 1
     for config in configs:
         run_dir, error = out[config.to_json()]
         assert error is None
         assert verify_run(run_dir)  # unique request ids across every record
         ids = scan(run_dir, "requests").collect()["request_id"].to_list()
         assert sorted(ids) == sorted(run_request_ids(config))  # each exactly once
-        assert read_manifest(run_dir)["status"] == "complete"
-    # The killed shard's namespace holds the chunk committed before the kill and the rest.
-    records = [
-        json.loads(c.record.read_text())
-        for config in configs
-        for c in committed_chunks(out[config.to_json()][0])
-    ]
-    assert any(len(r["request_ids"]) == 2 and r["chunk"] == 0 for r in records)
+        manifest = read_manifest(run_dir)
+        assert manifest["status"] == "complete"
+        assert manifest["engine"]["engine"] != "generic"  # the decoder that really ran
+    retries = [read_manifest(out[c.to_json()][0])["cluster"]["retries"] for c in configs]
+    assert sorted(retries) == [0, 1]  # counted for the run whose shard was retried
 
 
 def test_rerunning_skips_committed_shards(cluster, tmp_path):
@@ -309,3 +311,21 @@ def test_a_shard_waits_out_the_lease_of_a_worker_lost_on_another_host(tmp_path, 
     seen = worker.run_shard(spec, str(tmp_path), None, None)
     assert seen["requests"] == 2
     assert finished_request_ids(run_dir) == set(spec.request_ids)
+
+
+def test_a_run_with_parts_outside_every_record_is_not_marked_complete(cluster, tmp_path):
+    """Another namespace's leftover part (a local run killed mid-chunk) would make a
+    complete run unreadable: the driver reports the run failed, naming the part."""
+    (config,) = _configs(limit=2)[:1]
+    collect_runs([config], tmp_path)
+    run_dir = config.run_dir(tmp_path)
+    stray = run_dir / "positions" / "part-w0-00099.parquet"
+    stray.write_bytes((run_dir / "positions" / "part-w0-00000.parquet").read_bytes())
+    engine = _engine()
+    try:
+        out = engine.collect([config], tmp_path)
+    finally:
+        engine.close()
+    _, error = out[config.to_json()]
+    assert error is not None and "part-w0-00099.parquet" in error
+    assert read_manifest(run_dir)["status"] == "failed"

@@ -53,6 +53,8 @@ CPU_THREADS = 2
 MAX_RETRIES = 2
 #: Seconds between tries to take a shard's lease still held by a lost worker.
 LEASE_WAIT_S = 15.0
+#: Seconds an actor may take to start (placed, its process up) before it is given up.
+ACTOR_START_S = 120.0
 
 
 def _store(runs: Any) -> Any:
@@ -277,8 +279,35 @@ class RayEngine:
             n = self.workers or max(1, cpus // threads)
             self._options = {"num_cpus": threads}
         self._threads = threads
-        self._actors = [self._new_actor(i == 0) for i in range(n)]
+        started = [self._new_actor(i == 0) for i in range(n)]
+        self._actors = self._ready(started)
+        if not self._actors:
+            raise RuntimeError(
+                f"none of {n} Ray actors ({self._options}) started within {ACTOR_START_S:.0f} s: "
+                "the cluster cannot place them (ask for fewer --workers or threads)"
+            )
         return self._actors
+
+    def _ready(self, actors: list[Any]) -> list[Any]:
+        """The actors that started within ACTOR_START_S; the others are killed.
+
+        An actor the cluster cannot place (more workers than GPUs or CPUs, a lost node's
+        replacement) would otherwise hold its shard forever.
+        """
+        ray = _ray()
+        probes = {a.__ray_ready__.remote(): a for a in actors}
+        done, _ = ray.wait(list(probes), num_returns=len(probes), timeout=ACTOR_START_S)
+        ok = []
+        for ref, actor in probes.items():
+            try:
+                if ref in done:
+                    ray.get(ref)
+                    ok.append(actor)
+                    continue
+            except ray.exceptions.RayError:
+                pass
+            ray.kill(actor, no_restart=True)
+        return ok
 
     def _new_actor(self, first: bool = False) -> Any:
         ray = _ray()
@@ -336,17 +365,22 @@ class RayEngine:
         Returns:
             ``{config.to_json(): (run folder or URL, error or None)}``.
         """
-        from relaxspec_audit.collect.reader import finished_request_ids, read_manifest
+        from relaxspec_audit.collect.reader import (
+            finished_request_ids,
+            read_manifest,
+            verify_run,
+        )
         from relaxspec_audit.collect.writer import finish_manifest
 
         ray = _ray()
         store = _store(runs_dir)
-        shards, sizes = plan_shards(configs, store, self.shard_size)
+        shards, wanted = plan_shards(configs, store, self.shard_size)
         by_run = {c.to_json(): c for c in configs}
         left = {key: sum(s.config_json == key for s in shards) for key in by_run}
         planned = dict(left)
         errors: dict[str, str] = {}
-        engines: dict[str, Any] = {}
+        engines: dict[str, tuple[int, Any]] = {}  # the engine of the largest shard
+        retried: dict[str, int] = {}
         out: dict[str, tuple[Path, str | None]] = {}
         totals = {"shards_done": 0, "shards": len(shards), "requests": 0, "tokens": 0}
 
@@ -354,14 +388,25 @@ class RayEngine:
             config = by_run[key]
             run_dir = run_location(store, config)
             error = errors.get(key)
-            if error is None and len(finished_request_ids(run_dir)) < sizes[key]:
-                error = "requests missing after every shard ended"
+            try:
+                if not has_manifest(store, config):
+                    error = error or f"{run_dir}: no run was written"
+                else:
+                    missing = set(wanted[key]) - finished_request_ids(run_dir)
+                    if error is None and missing:
+                        error = f"{len(missing)} requests missing after every shard ended"
+                    if error is None:
+                        # Parts outside every record (another namespace's leftovers, e.g.
+                        # a local run killed mid-chunk) would make a complete run unreadable.
+                        verify_run(run_dir, manifest={"status": "complete"})
+            except Exception as exc:
+                error = error or f"{type(exc).__name__}: {exc}"
             try:
                 if has_manifest(store, config):
                     status = "complete" if error is None else "failed"
-                    extra = {"cluster": self._cluster_info(planned[key])}
+                    extra = {"cluster": self._cluster_info(planned[key], retried.get(key, 0))}
                     if key in engines:
-                        extra["engine"] = engines[key]
+                        extra["engine"] = engines[key][1]
                     if read_manifest(run_dir).get("status") != status or key in engines:
                         finish_manifest(run_dir, status, **extra)
             except Exception as exc:
@@ -397,22 +442,35 @@ class RayEngine:
             actor, spec, attempt = running.pop(ref)
             try:
                 result = ray.get(ref)
-            except ray.exceptions.RayActorError as exc:
-                replacement = self._new_actor()
-                actors[actors.index(actor)] = replacement
-                idle.append(replacement)
-                if attempt < self.max_retries:
-                    self.retries += 1
-                    queue.appendleft((spec, attempt + 1))
-                    continue
-                errors.setdefault(spec.config_json, f"shard {spec.name}: worker died: {exc}")
-            except ray.exceptions.RayTaskError as exc:
+            except ray.exceptions.RayTaskError as exc:  # the shard's own error: not retried
                 idle.append(actor)
                 cause = exc.cause if getattr(exc, "cause", None) is not None else exc
                 errors.setdefault(spec.config_json, f"{type(cause).__name__}: {cause}")
+            except ray.exceptions.RayError as exc:  # the worker is lost (died, unreachable)
+                # Kill it for sure (an unreachable actor may come back and go on writing)
+                # before its shard goes to a fresh one.
+                ray.kill(actor, no_restart=True)
+                actors.remove(actor)
+                fresh = self._ready([self._new_actor()])
+                actors.extend(fresh)
+                idle[:0] = fresh  # running actors take the retried shard first (idle.pop())
+                if attempt < self.max_retries and actors:
+                    self.retries += 1
+                    retried[spec.config_json] = retried.get(spec.config_json, 0) + 1
+                    queue.appendleft((spec, attempt + 1))
+                    continue
+                why = "no worker left" if not actors else f"worker lost: {exc}"
+                errors.setdefault(spec.config_json, f"shard {spec.name}: {why}")
+                if not actors:  # nothing can run the rest: fail every remaining run
+                    for rest, _ in queue:
+                        errors.setdefault(rest.config_json, "no worker left")
             else:
                 idle.append(actor)
-                engines.setdefault(spec.config_json, result.get("engine"))
+                # A retried shard whose requests were all committed decodes nothing (and
+                # reports the generic engine): the run's engine is its largest shard's.
+                n = result["requests"]
+                if n and n > engines.get(spec.config_json, (0, None))[0]:
+                    engines[spec.config_json] = (n, result.get("engine"))
                 totals["requests"] += result["requests"]
                 totals["tokens"] += result["tokens"]
             totals["shards_done"] += 1
@@ -427,7 +485,7 @@ class RayEngine:
         if left[spec.config_json] == 0:
             finish(spec.config_json)
 
-    def _cluster_info(self, n_shards: int) -> dict[str, Any]:
+    def _cluster_info(self, n_shards: int, retries: int) -> dict[str, Any]:
         return {
             "engine": "ray",
             "workers": len(self._actors),
@@ -435,5 +493,5 @@ class RayEngine:
             "gpu": self._gpu,
             "shard_size": self.shard_size,
             "shards": n_shards,
-            "retries": self.retries,
+            "retries": retries,
         }

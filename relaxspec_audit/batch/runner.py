@@ -225,82 +225,84 @@ def run_batch(
                 refresh=True,
             )
 
-    bar.set_postfix_str("calibrating costs", refresh=False)
     try:
-        calibrate = calibrate_batch if cluster is None else cluster.calibrate
-        tables = calibrate(all_runs, runs_dir)
-    except Exception as exc:
-        # The runs still collect and are judged against their references by pass counts;
-        # only the speed-up over target-only decoding needs the table (it shows as unknown).
-        warnings.warn(f"cost calibration failed, no cost tables: {type(exc).__name__}: {exc}",
-                      RuntimeWarning, stacklevel=2)  # fmt: skip
-        tables = {}
-    bar.update(1)
-    if jobs > 1:  # each worker loads the pair itself: do not hold a third copy meanwhile
-        from relaxspec_audit.batch.pairs import release
+        bar.set_postfix_str("calibrating costs", refresh=False)
+        try:
+            calibrate = calibrate_batch if cluster is None else cluster.calibrate
+            tables = calibrate(all_runs, runs_dir)
+        except Exception as exc:
+            # The runs still collect and are judged against their references by pass counts;
+            # only the speed-up over target-only decoding needs the table (it shows as unknown).
+            warnings.warn(f"cost calibration failed, no cost tables: {type(exc).__name__}: {exc}",
+                          RuntimeWarning, stacklevel=2)  # fmt: skip
+            tables = {}
+        bar.update(1)
+        if jobs > 1:  # each worker loads the pair itself: do not hold a third copy meanwhile
+            from relaxspec_audit.batch.pairs import release
 
-        release()
-    if cluster is None:
-        collected = collect_runs(all_runs, runs_dir, jobs=jobs, on_done=on_done,
-                                 cost_tables=tables)  # fmt: skip
-    else:
-        collected = cluster.collect(all_runs, runs_dir, cost_tables=tables, on_done=on_done,
-                                    progress=on_shard)  # fmt: skip
-    results: list[TaskResult] = []
-    for task in plan.tasks:
-        task_dir = report_dir / task.slug
-        task_dir.mkdir(parents=True, exist_ok=True)
-        run_dirs = [collected[r.to_json()][0] for r in task.runs]
-        errors = [
-            f"collect {r.rule} {r.params or ''} split={r.split}: {collected[r.to_json()][1]}"
-            for r in task.all_runs()
-            if collected[r.to_json()][1] is not None
-        ]
-        if task.timing:
-            bar.set_postfix_str(f"{task.slug}/timing", refresh=False)
-            try:
-                if not errors:  # a family with a failed run has nothing whole to time
-                    (time_task if cluster is None else cluster.time_task)(task, runs_dir)
-            except Exception as exc:  # the report says so; the wall clock falls back
-                errors.append(f"timing pass: {type(exc).__name__}: {exc}")
-            bar.update(1)
-        collected_ok = not any(collected[r.to_json()][1] for r in task.all_runs())
-        pages = _divergence_pages(task, runs_dir, task_dir, errors) if collected_ok else {}
-        nav = [(f"divergences: {rule}", page) for rule, page in pages.items()]
-        notebooks: list[NotebookResult] = []
-        for name in plan.notebooks:
-            bar.set_postfix_str(f"{task.slug}/{name}", refresh=False)
-            declared = notebook_parameters(name)
-            params = {k: v for k, v in task.parameters.items() if k in declared}
-            params |= _batch_parameters(declared, runs_dir, task, task_dir, name)
-            result = execute_notebook(
-                name, task_dir, params, kernel_name=kernel_name, cwd=task_dir, links=nav
-            )
-            notebooks.append(result)
-            bar.update(1)
-        summary_path = task_dir / "summary.json"
-        entries = [_nb_entry(nb, task_dir) for nb in notebooks]
-        signoff = task_dir / "signoff.numbers.json"
-        if any(nb.name == "signoff" and nb.ok for nb in notebooks) and signoff.is_file():
-            # The sign-off notebook computed this very summary: reuse it, not recompute it.
-            summary = report.finish_summary(
-                json.loads(signoff.read_text()), batch=plan.name, errors=errors,
-                notebooks=entries, n_runs=len(run_dirs),
-            )  # fmt: skip
+            release()
+        if cluster is None:
+            collected = collect_runs(all_runs, runs_dir, jobs=jobs, on_done=on_done,
+                                     cost_tables=tables)  # fmt: skip
         else:
-            summary = report.task_summary(
-                runs_dir, task.task, run_dirs=run_dirs, batch=plan.name, errors=errors,
-                notebooks=entries, parameters={"min_gain": task.min_gain, **task.parameters},
-            )  # fmt: skip
-        for fam in summary.get("families", []):
-            fam["divergence_html"] = pages.get(fam.get("rule"))
-        report.write_json(summary, summary_path)
-        # The same verdicts as a table, one row per family, for a spreadsheet or a review.
-        write_summary_csv(summary, summary_path.with_suffix(".csv"))
-        results.append(TaskResult(task.task, run_dirs, notebooks, summary_path, errors))
+            collected = cluster.collect(all_runs, runs_dir, cost_tables=tables, on_done=on_done,
+                                        progress=on_shard)  # fmt: skip
+        results: list[TaskResult] = []
+        for task in plan.tasks:
+            task_dir = report_dir / task.slug
+            task_dir.mkdir(parents=True, exist_ok=True)
+            run_dirs = [collected[r.to_json()][0] for r in task.runs]
+            errors = [
+                f"collect {r.rule} {r.params or ''} split={r.split}: {collected[r.to_json()][1]}"
+                for r in task.all_runs()
+                if collected[r.to_json()][1] is not None
+            ]
+            if task.timing:
+                bar.set_postfix_str(f"{task.slug}/timing", refresh=False)
+                try:
+                    if not errors:  # a family with a failed run has nothing whole to time
+                        (time_task if cluster is None else cluster.time_task)(task, runs_dir)
+                except Exception as exc:  # the report says so; the wall clock falls back
+                    errors.append(f"timing pass: {type(exc).__name__}: {exc}")
+                bar.update(1)
+            collected_ok = not any(collected[r.to_json()][1] for r in task.all_runs())
+            pages = _divergence_pages(task, runs_dir, task_dir, errors) if collected_ok else {}
+            nav = [(f"divergences: {rule}", page) for rule, page in pages.items()]
+            notebooks: list[NotebookResult] = []
+            for name in plan.notebooks:
+                bar.set_postfix_str(f"{task.slug}/{name}", refresh=False)
+                declared = notebook_parameters(name)
+                params = {k: v for k, v in task.parameters.items() if k in declared}
+                params |= _batch_parameters(declared, runs_dir, task, task_dir, name)
+                result = execute_notebook(
+                    name, task_dir, params, kernel_name=kernel_name, cwd=task_dir, links=nav
+                )
+                notebooks.append(result)
+                bar.update(1)
+            summary_path = task_dir / "summary.json"
+            entries = [_nb_entry(nb, task_dir) for nb in notebooks]
+            signoff = task_dir / "signoff.numbers.json"
+            if any(nb.name == "signoff" and nb.ok for nb in notebooks) and signoff.is_file():
+                # The sign-off notebook computed this very summary: reuse it, not recompute it.
+                summary = report.finish_summary(
+                    json.loads(signoff.read_text()), batch=plan.name, errors=errors,
+                    notebooks=entries, n_runs=len(run_dirs),
+                )  # fmt: skip
+            else:
+                summary = report.task_summary(
+                    runs_dir, task.task, run_dirs=run_dirs, batch=plan.name, errors=errors,
+                    notebooks=entries, parameters={"min_gain": task.min_gain, **task.parameters},
+                )  # fmt: skip
+            for fam in summary.get("families", []):
+                fam["divergence_html"] = pages.get(fam.get("rule"))
+            report.write_json(summary, summary_path)
+            # The same verdicts as a table, one row per family, for a spreadsheet or a review.
+            write_summary_csv(summary, summary_path.with_suffix(".csv"))
+            results.append(TaskResult(task.task, run_dirs, notebooks, summary_path, errors))
+    finally:  # the actors (and their GPUs) end with the batch, whatever happened
+        if cluster is not None:
+            cluster.close()
     bar.close()
-    if cluster is not None:
-        cluster.close()
     index = report.write_index(
         report_dir, [json.loads(r.summary_path.read_text()) for r in results]
     )

@@ -84,8 +84,8 @@ def plan_shards(
     configs: Sequence[RunConfig],
     runs_dir: str | Path | Store,
     shard_size: int = DEFAULT_SHARD_SIZE,
-) -> tuple[list[ShardSpec], dict[str, int]]:
-    """The shards still to run, and each run's number of requests.
+) -> tuple[list[ShardSpec], dict[str, list[str]]]:
+    """The shards still to run, and each run's request ids.
 
     Args:
         configs: validated run configs.
@@ -94,8 +94,8 @@ def plan_shards(
         shard_size: requests per shard (≥ 1).
 
     Returns:
-        ``(shards, {config.to_json(): number of requests})``; shards in config order, then
-        chunk order, so a worker that takes them in turn keeps one pair loaded.
+        ``(shards, {config.to_json(): the run's request ids})``; shards in config order,
+        then chunk order, so a worker that takes them in turn keeps one pair loaded.
 
     Raises:
         ValueError: ``shard_size`` < 1.
@@ -106,10 +106,10 @@ def plan_shards(
         raise ValueError(f"shard_size: must be an integer >= 1, got {shard_size!r}")
     store = runs_dir if isinstance(runs_dir, Store) else parse_store(runs_dir)
     shards: list[ShardSpec] = []
-    sizes: dict[str, int] = {}
+    wanted: dict[str, list[str]] = {}
     for config in configs:
         ids = run_request_ids(config)
-        sizes[config.to_json()] = len(ids)
+        wanted[config.to_json()] = ids
         rel = run_rel(config)
         done = finished_request_ids(run_location(store, config)) if has_manifest(
             store, config) else set()  # fmt: skip
@@ -118,4 +118,4 @@ def plan_shards(
             todo = sum(rid not in done for rid in chunk)
             if todo:
                 shards.append(ShardSpec(config.to_json(), rel, index, chunk, todo))
-    return shards, sizes
+    return shards, wanted
