@@ -517,3 +517,29 @@ def test_real_pair_loads_from_cache_and_agrees_on_tokens(request):
     text = tok_p.decode(out[0, ids.shape[1] :])
     assert text.strip(), "target produced no text"
     assert any(w in text for w in ("if", "return", "fib", "a", "=")), text
+
+
+@pytest.mark.real
+def test_real_config_plans_the_humaneval_sign_off():
+    """`make real`'s batch: all 164 HumanEval items in two halves, the settings issue 18 asks."""
+    reason = real.missing_reason()
+    if reason is not None:
+        pytest.skip(reason)  # the config names the cached models, which must exist
+    from relaxspec_audit import batch, tasks
+
+    plan = batch.load_config(batch.bundled_config("real"))
+    (task,) = plan.tasks
+    assert task.task == "humaneval-qwen-chat"
+    items = tasks.load_task(task.task).items
+    assert len(items) == 164
+    assert sorted({r.split for r in task.runs}) == ["confirmation", "discovery"]
+    assert all(r.limit is None and r.k == 5 for r in task.runs)  # every item of each split
+    settings = {(r.rule, r.temperature, repr(r.params)) for r in task.runs}
+    assert ("target", 0.0, "None") in settings and ("greedy", 0.0, "GreedyParams()") in settings
+    budgets = sorted(r.params.budget for r in task.runs if r.rule == "asd")
+    assert budgets[-1] == 8.0 and budgets[0] < 8.0  # the paper's (8, 0.25, 2) and a smaller one
+    assert {r.params.theta for r in task.runs if r.rule == "nucleus"} == {0.95}
+    assert all(r.temperature == 1.0 for r in task.runs if r.rule in ("exact", "nucleus"))
+    assert task.floor_runs and all(r.dtype == "float32" for r in task.floor_runs)
+    stop = tasks.load_task(task.task).stop
+    assert stop and "```" in stop  # decode-time stop sequences end a body early
