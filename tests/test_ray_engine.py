@@ -329,3 +329,16 @@ def test_a_run_with_parts_outside_every_record_is_not_marked_complete(cluster, t
     _, error = out[config.to_json()]
     assert error is not None and "part-w0-00099.parquet" in error
     assert read_manifest(run_dir)["status"] == "failed"
+
+
+def test_with_no_worker_left_the_remaining_runs_fail_instead_of_waiting(cluster, tmp_path):
+    configs = _configs(limit=4)[:2]
+    engine = _engine(workers=1, shard_size=2, commit_every=1, die_after_commits=1)
+    try:
+        engine._pool(configs)  # the one actor, with the hook
+        engine._ready = lambda actors: []  # its replacement never starts
+        out = engine.collect(configs, tmp_path)
+    finally:
+        engine.close()
+    errors = [out[c.to_json()][1] for c in configs]
+    assert all(e is not None and "no worker left" in e for e in errors), errors

@@ -462,8 +462,11 @@ class RayEngine:
                 why = "no worker left" if not actors else f"worker lost: {exc}"
                 errors.setdefault(spec.config_json, f"shard {spec.name}: {why}")
                 if not actors:  # nothing can run the rest: fail every remaining run
-                    for rest, _ in queue:
+                    while queue:
+                        rest, _ = queue.popleft()
                         errors.setdefault(rest.config_json, "no worker left")
+                        totals["shards_done"] += 1
+                        self._shard_ended(rest, left, finish)
             else:
                 idle.append(actor)
                 # A retried shard whose requests were all committed decodes nothing (and
