@@ -536,8 +536,8 @@ def test_real_config_plans_the_humaneval_sign_off():
     assert all(r.limit is None and r.k == 5 for r in task.runs)  # every item of each split
     settings = {(r.rule, r.temperature, repr(r.params)) for r in task.runs}
     assert ("target", 0.0, "None") in settings and ("greedy", 0.0, "GreedyParams()") in settings
-    budgets = sorted(r.params.budget for r in task.runs if r.rule == "asd")
-    assert budgets[-1] == 8.0 and budgets[0] < 8.0  # the paper's (8, 0.25, 2) and a smaller one
+    asd = {(r.params.budget, r.params.gate, r.params.cap) for r in task.runs if r.rule == "asd"}
+    assert asd == {(8.0, 0.25, 2), (0.25, 0.25, 2), (0.125, 0.25, 2)}  # the paper's + 2 that bind
     assert {r.params.theta for r in task.runs if r.rule == "nucleus"} == {0.95}
     assert all(r.temperature == 1.0 for r in task.runs if r.rule in ("exact", "nucleus"))
     assert task.floor_runs and all(r.dtype == "float32" for r in task.floor_runs)
