@@ -680,9 +680,12 @@ def test_collect_in_process_and_summary(tiny_qwen2_pair, tmp_path):
     assert rounds["spent"].is_not_null().all() and set(rounds["rule"]) == {"asd"}
     line = summary_line(run_dir)
     assert line.startswith("requests 4  tokens ") and "mean tau" in line
-    # a second collect of the same config resumes: nothing to do, nothing duplicated
+    # a second collect of the same config resumes: nothing to do, nothing duplicated, and
+    # the complete run's manifest (its engine, commit, times) is left as it was written
+    manifest = (run_dir / "manifest.json").read_bytes()
     collect.collect(cfg, tmp_path, pair=_pair(tiny_qwen2_pair))
     assert logs.scan(tmp_path, "requests").collect().height == 4
+    assert (run_dir / "manifest.json").read_bytes() == manifest
 
 
 @pytest.mark.parametrize("scale", [0.1, 1.0, 4.0])

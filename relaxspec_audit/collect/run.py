@@ -12,7 +12,8 @@ torch and transformers are imported inside functions (the CLI's ``--help`` must 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,11 @@ def collect(
     config.validate()
     task = tasks.load_task(config.task, split=config.split, limit=config.limit)
     inputs = bind_inputs(config, task, config.run_dir(out), resume)  # refuse a mixed resume
+    samples = _sample_requests(task.items, config.samples_per_item)
+    if resume and shard is None and _complete(config.run_dir(out), samples.keys()):
+        # Nothing to decode: reopening the writer would restamp the manifest (engine,
+        # git commit, end time) with this process's facts instead of the ones that made it.
+        return config.run_dir(out)
     if pair is None:
         draft = None if config.rule == TARGET_ONLY else config.draft
         pair = load_pair(
@@ -87,7 +93,6 @@ def collect(
     encoded = {item.id: encode_prompt(pair, item.prompt) for item in task.items}
     k = 0 if config.rule == TARGET_ONLY else config.k
     check_prompts_fit(pair, list(encoded.items()), config.max_new_tokens, k)
-    samples = _sample_requests(task.items, config.samples_per_item)
     if shard is not None:
         unknown = sorted(set(shard.request_ids) - samples.keys())
         if unknown:
@@ -142,6 +147,17 @@ def collect(
             if progress is not None:
                 progress(dict(totals))
     return run_dir
+
+
+def _complete(run_dir: Path, request_ids: Iterable[str]) -> bool:
+    """A run folder marked complete that already holds every one of ``request_ids``."""
+    from relaxspec_audit.collect.logs import MANIFEST, finished_request_ids
+
+    try:
+        status = json.loads((run_dir / MANIFEST).read_text()).get("status")
+    except (OSError, ValueError):
+        return False
+    return status == "complete" and set(request_ids) <= finished_request_ids(run_dir)
 
 
 @dataclass(frozen=True)
