@@ -361,3 +361,47 @@ def test_tango_noninferiority_size_at_the_margin(n):
     assert max(sizes.values()) <= 0.05 + 0.01, sizes
     if n >= 100:
         assert sizes[(0.1, 0.1)] >= 0.045, sizes
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.025])
+def test_ni_low_is_the_bound_the_noninferiority_test_inverts(alpha):
+    # Duality (Tango 1998 §3; CONSORT-NI, Piaggio et al. 2012): the one-sided 1 − α
+    # bound clears −δ exactly when the test rejects H0 Δ ≤ −δ at α. Every table
+    # (b, c) of n = 40 and 82 items at δ = 0.05, 0.10, 0.15 (Tango's path), and paired
+    # t item means (several samples per item) at random seeds. Tables whose p sits
+    # within 1e-9 of α are skipped: the root finder's tolerance, not the rule.
+    from relaxspec_audit.audit.accuracy import accuracy_delta
+
+    def frames(rel, ref):
+        ids = [f"i{k}" for k in range(len(ref))]
+        return (
+            pl.DataFrame({"item_id": ids, "score": rel}),
+            pl.DataFrame({"item_id": ids, "score": ref}),
+        )
+
+    checked = 0
+    for n in (40, 82):
+        for b in range(0, 12):
+            for c in range(0, 20):
+                rel = [1.0] * b + [0.0] * c + [1.0] * (n - b - c)
+                ref = [0.0] * b + [1.0] * c + [1.0] * (n - b - c)
+                for delta in (0.05, 0.10, 0.15):
+                    row = accuracy_delta(*frames(rel, ref), ni_margin=delta, by=[], alpha=alpha)
+                    row = row.row(0, named=True)
+                    if abs(row["p_noninf"] - alpha) < 1e-9:
+                        continue
+                    assert (row["p_noninf"] < alpha) == (row["ni_low"] > -delta), (n, b, c)
+                    assert row["ni_low"] >= row["ci_low"] - 1e-12  # a narrower, one-sided bound
+                    checked += 1
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        n = int(rng.integers(5, 60))
+        p = rng.uniform(0.2, 0.9, n)
+        rel = rng.binomial(4, p) / 4  # four samples per item, averaged
+        ref = rng.binomial(4, np.clip(p + rng.normal(0.03, 0.05, n), 0, 1)) / 4
+        row = accuracy_delta(*frames(rel, ref), ni_margin=0.1, by=[], alpha=alpha)
+        row = row.row(0, named=True)
+        if np.isfinite(row["p_noninf"]) and abs(row["p_noninf"] - alpha) > 1e-9:
+            assert (row["p_noninf"] < alpha) == (row["ni_low"] > -0.1)
+            checked += 1
+    assert checked > 1000

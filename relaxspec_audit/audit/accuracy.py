@@ -164,6 +164,11 @@ def accuracy_delta(
       binary scores with one sample per item, where the CI is Tango's score interval
       (:func:`tango_ci`), which does not collapse to ``[0, 0]`` when no pair is
       discordant;
+    * ``ni_low``: the one-sided ``1 − α`` lower confidence bound that the
+      non-inferiority test inverts (the lower end of the ``1 − 2α`` two-sided interval:
+      ``d̄ − t_{1−α, n−1} s/√n``, or Tango's), so ``p_noninf < α`` exactly when
+      ``ni_low > −ni_margin``; the two-sided CI can reach below −δ for a setting that is
+      non-inferior at level α (CONSORT for non-inferiority, Piaggio et al. 2012);
     * ``p_mcnemar``: binary scores only. One sample per item: McNemar's exact test on
       the paired outcomes (statsmodels ``mcnemar(exact=True)``). Several samples per item
       (``n_pairs > n_items``): the clustered McNemar test of Durkalski et al. (2003)
@@ -190,7 +195,7 @@ def accuracy_delta(
 
     Returns:
         Columns ``*by, n_items, n_pairs, binary, score_ref, score_rel, delta, se, ci_low,
-        ci_high, p_mcnemar, p_ttest, p_wilcoxon, p_noninf, p_noninf_adj, noninferior,
+        ci_high, ni_low, p_mcnemar, p_ttest, p_wilcoxon, p_noninf, p_noninf_adj, noninferior,
         p_tost, equivalent, sd_diff``.
     """
     from scipy import stats as sps
@@ -242,6 +247,9 @@ def accuracy_delta(
             # Normal approximation: the exact small-sample path is a slow permutation.
             p_w = float(sps.wilcoxon(d, zero_method="wilcox", method="asymptotic").pvalue)
         ci_low, ci_high = mean - tq * se, mean + tq * se
+        # The bound the one-sided test at α inverts (non-inferior iff ni_low > −δ): the
+        # 1 − 2α two-sided interval's lower end, not the 1 − α interval's.
+        ni_low = mean - sps.t.ppf(1 - alpha, max(n - 1, 1)) * se
         # Zero-variance differences leave the t tests undefined: NaN, never certified.
         p_ni = float("nan") if degenerate else noninferiority_ttest(d, ni_margin)
         p_tost = (
@@ -255,6 +263,7 @@ def accuracy_delta(
             n10, n01 = int(np.sum(d > 0)), int(np.sum(d < 0))
             p_ni = tango_noninferiority(n10, n01, n, ni_margin)
             ci_low, ci_high = tango_ci(n10, n01, n, alpha)
+            ni_low = tango_ci(n10, n01, n, 2 * alpha)[0]
             p_upper = float(sps.norm.cdf(_tango_z(n10, n01, n, ni_margin)))
             p_tost = max(p_ni, p_upper)
         row = dict(zip(by, key, strict=True))
@@ -268,6 +277,7 @@ def accuracy_delta(
             se=se,
             ci_low=ci_low,
             ci_high=ci_high,
+            ni_low=float("nan") if degenerate and not (binary and part.height == n) else ni_low,
             p_mcnemar=p_mc,
             p_ttest=p_t,
             p_wilcoxon=p_w,
@@ -290,6 +300,6 @@ def accuracy_delta(
         (pl.col("p_tost") < alpha).alias("equivalent"),
     )
     cols = [*by, "n_items", "n_pairs", "binary", "score_ref", "score_rel", "delta", "se"]
-    cols += ["ci_low", "ci_high", "p_mcnemar", "p_ttest", "p_wilcoxon", "p_noninf"]
+    cols += ["ci_low", "ci_high", "ni_low", "p_mcnemar", "p_ttest", "p_wilcoxon", "p_noninf"]
     cols += ["p_noninf_adj", "noninferior", "p_tost", "equivalent", "sd_diff"]
     return out.select(cols)

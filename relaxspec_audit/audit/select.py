@@ -297,7 +297,7 @@ def frontier(
             :func:`~relaxspec_audit.audit.fidelity.deviation_accounting`).
 
     Returns:
-        Columns ``*setting_cols, n_items, delta, ci_low, ci_high, p_noninf, noninferior,
+        Columns ``*setting_cols, n_items, delta, ci_low, ci_high, ni_low, p_noninf, noninferior,
         sd_diff, binary, n10, n01, speedup, speedup_ci_low, speedup_ci_high, speed_basis,
         speed_note, wall_speedup, wall_ci_low, wall_ci_high, tau, pareto`` (and ``eps``); ``tau`` is
         tokens per target pass; ``n10``/``n01`` count discordant items (binary scores).
@@ -327,6 +327,7 @@ def frontier(
             delta=acc["delta"],
             ci_low=acc["ci_low"],
             ci_high=acc["ci_high"],
+            ni_low=acc["ni_low"],
             p_noninf=acc["p_noninf"],
             noninferior=bool(acc["p_noninf"] < alpha),
             sd_diff=acc["sd_diff"],
@@ -535,13 +536,15 @@ def recommend(
         shown = "shown inferior" if fc["ci_high"] < -ni_margin else "not shown non-inferior"
         reasons.append(
             f"confirmation: {shown} at δ = {_pt(ni_margin, sign=False)} (accuracy Δ "
-            f"{_pt(fc['delta'])}, CI [{_pt(fc['ci_low'])}, {_pt(fc['ci_high'])}], "
+            f"{_pt(fc['delta'])}, {_ni_bound(fc, alpha)}, "
+            f"{_level(alpha)} CI [{_pt(fc['ci_low'])}, {_pt(fc['ci_high'])}], "
             f"p {fc['p_noninf']:.3g})"
         )
         return Verdict("FAIL", setting, reasons, numbers, n_required=n_req)
     reasons.append(
         f"confirmation: non-inferior at δ = {_pt(ni_margin, sign=False)} (accuracy Δ "
-        f"{_pt(fc['delta'])}, CI [{_pt(fc['ci_low'])}, {_pt(fc['ci_high'])}], "
+        f"{_pt(fc['delta'])}, {_ni_bound(fc, alpha)}, "
+        f"{_level(alpha)} CI [{_pt(fc['ci_low'])}, {_pt(fc['ci_high'])}], "
         f"p {fc['p_noninf']:.3g}, "
         f"{fc['n_items']} items)"
     )
@@ -565,6 +568,20 @@ def recommend(
 def _pt(value: float, *, sign: bool = True) -> str:
     """A score difference (or margin) in points for a reason line: ``-1.7 pt``."""
     return f"{100 * value:{'+' if sign else ''}.1f} pt"
+
+
+def _level(alpha: float) -> str:
+    """``95%`` for α = 0.05: the two-sided interval's confidence level."""
+    return f"{100 * (1 - alpha):g}%"
+
+
+def _ni_bound(row: Mapping[str, Any], alpha: float) -> str:
+    """The one-sided bound the non-inferiority test inverts, for a reason line.
+
+    It, not the two-sided interval, decides: at level α a setting is non-inferior when
+    this bound clears −δ, even where the two-sided 1 − α interval reaches below it.
+    """
+    return f"one-sided {_level(alpha)} lower bound {_pt(row['ni_low'])}"
 
 
 def _x(value: float | None) -> str:

@@ -328,6 +328,7 @@ def audit_summary(
                     "delta": p0["delta"],
                     "ci_low": p0["ci_low"],
                     "ci_high": p0["ci_high"],
+                    "ni_low": p0["ni_low"],
                     "p_mcnemar": p0["p_mcnemar"],
                     "p_noninferiority": p0["p_noninf"],
                     "noninferior": p0["noninferior"],

@@ -44,7 +44,8 @@ def audit_table(
         collection's wall clock: load-dependent, for reference only), speedup_vs_baseline,
         baseline_ci_low, baseline_ci_high (modelled, over target-only decoding),
         wall_speedup_vs_baseline,
-        accuracy_delta, delta_ci_low, delta_ci_high, p_noninferiority, noninferior,
+        accuracy_delta, delta_ci_low, delta_ci_high, delta_ni_low (the one-sided 1 − α
+        bound the non-inferiority test inverts), p_noninferiority, noninferior,
         score, divergence, divergence_ci_low, divergence_ci_high, first_pos_median,
         eps_mean, bound, identical_rate, identical_ci_low, identical_ci_high, run_dir,
         reference_dir``.
@@ -114,6 +115,7 @@ def audit_table(
                 "accuracy_delta": 0.0 if is_ref and score is not None else acc.get("delta"),
                 "delta_ci_low": acc.get("ci_low"),
                 "delta_ci_high": acc.get("ci_high"),
+                "delta_ni_low": acc.get("ni_low"),
                 "p_noninferiority": acc.get("p_noninferiority"),
                 "noninferior": acc.get("noninferior"),
                 "score": score,
@@ -142,7 +144,8 @@ def audit_table(
         "baseline_ci_low": pl.Float64, "baseline_ci_high": pl.Float64,
         "wall_speedup_vs_baseline": pl.Float64,
         "accuracy_delta": pl.Float64, "delta_ci_low": pl.Float64, "delta_ci_high": pl.Float64,
-        "p_noninferiority": pl.Float64, "noninferior": pl.Boolean, "score": pl.Float64,
+        "delta_ni_low": pl.Float64, "p_noninferiority": pl.Float64, "noninferior": pl.Boolean,
+        "score": pl.Float64,
         "divergence": pl.Float64, "divergence_ci_low": pl.Float64,
         "divergence_ci_high": pl.Float64, "first_pos_median": pl.Float64,
         "eps_mean": pl.Float64, "bound": pl.Float64, "identical_rate": pl.Float64,

@@ -80,7 +80,11 @@ def _points(row: Mapping[str, Any] | None) -> str:
         return "– (no scorer)"
     d, lo, hi = row["accuracy_delta"], row.get("delta_ci_low"), row.get("delta_ci_high")
     ci = f" [{100 * lo:+.1f}, {100 * hi:+.1f}]" if lo is not None and hi is not None else ""
-    return f"{100 * d:+.1f} pt{ci}"
+    # The non-inferiority test reads the one-sided bound, which the two-sided interval
+    # does not show; without it a PASS whose interval crosses −δ looks like an error.
+    ni = row.get("delta_ni_low")
+    bound = f", one-sided bound {100 * ni:+.1f}" if ni is not None and lo is not None else ""
+    return f"{100 * d:+.1f} pt{ci}{bound}"
 
 
 def _speed(row: Mapping[str, Any] | None) -> str:
