@@ -65,7 +65,7 @@ def _exact_positions(runs, task):
     return pl.concat([pl.read_parquet(f) for f in files], how="diagonal_relaxed")
 
 
-def test_every_target_and_quantity_is_reported(checked):
+def test_every_target_and_quantity_is_reported(checked, tiny_batch):
     assert [t["target"] for t in checked["targets"]] == list(TARGETS)
     assert checked["n_targets"] == len(TARGETS)
     assert checked["n_met"] == sum(t["met"] for t in checked["targets"])
@@ -74,10 +74,14 @@ def test_every_target_and_quantity_is_reported(checked):
     for t in checked["targets"]:
         assert isinstance(t["met"], bool)
         assert t["met"] == (t["value"] is not None and TARGETS[t["target"]].holds(t["value"]))
-    # Both tasks' exact runs are dissected; only arith counts for the scored targets.
+    # Every task's exact runs that rejected a draft are dissected (story, where the pair
+    # agrees on 98% of tokens, may reject none in this 3-item batch: then it has no rows
+    # rather than a crash); only arith counts for the scored targets.
     nucleus = {r["task"]: r for r in checked["measurements"] if r["quantity"] == "in_nucleus"}
-    assert set(nucleus) == {"arith", "story"}
-    assert nucleus["arith"]["scored"] and not nucleus["story"]["scored"]
+    story = _exact_positions(tiny_batch[0], "story")
+    story_rejects = story.filter(pl.col("cause").str.starts_with("reject")).height
+    assert set(nucleus) == ({"arith", "story"} if story_rejects else {"arith"})
+    assert nucleus["arith"]["scored"] and ("story" not in nucleus or not nucleus["story"]["scored"])
     assert _target(checked, "in_nucleus")["scope"].startswith("arith")
 
 

@@ -22,7 +22,7 @@ from relaxspec_audit.models import zoo
 PAIR = Path(__file__).resolve().parent.parent / "data" / "models" / "arith"
 # Targets of issue 15 the committed pair does not meet (pair_check.md shows the value,
 # README "What make demo shows" why); a regression elsewhere fails the pair-check test.
-KNOWN_MISSES: set[str] = {"entropy_at_rejection"}
+KNOWN_MISSES: set[str] = set()
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +162,11 @@ def test_style_weights_are_checked():
         tasks.ArithStyle((0.5, 0.5), 0.5, tasks.TARGET_STYLE.connectors, (0.5, 0.5))
     with pytest.raises(ValueError, match="keep_order"):
         tasks.ArithStyle(tasks.TARGET_STYLE.openers, 1.5, tasks.TARGET_STYLE.connectors,
-                         (0.5, 0.5))  # fmt: skip
+                         tasks.TARGET_STYLE.answers)  # fmt: skip
+    with pytest.raises(ValueError, match=r"ArithStyle\.answers"):
+        tasks.ArithStyle(
+            tasks.TARGET_STYLE.openers, 0.5, tasks.TARGET_STYLE.connectors, (0.5, 0.5)
+        )  # a weight per answer word: three, not two
 
 
 def test_target_is_uncertain_where_the_phrasing_is_free(pair):

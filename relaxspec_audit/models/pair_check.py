@@ -271,20 +271,25 @@ def exact_rows(runs: Path, mine: Iterable[Path]) -> list[dict[str, Any]]:
         scored = frames.requests.select(pl.col("score").is_not_null().any()).collect().item()
         tag = {"task": task, "scored": bool(scored), "k": ks}
         scope = f"{task} · exact T=1 K={'/'.join(map(str, ks))}"
-        anatomy = rejection_anatomy(frames.positions, (THETA,), ks=()).row(0, named=True)
-        rows.append(_row(
-            "in_nucleus", scope, anatomy["fraction"],
-            f"audit.anatomy.rejection_anatomy, θ = {THETA} (Korn–Graubard)", "pct",
-            ci=(anatomy["ci_low"], anatomy["ci_high"]), n_rejected=anatomy["n_rejected"], **tag,
-        ))  # fmt: skip
+        # A short run of a well-matched pair can reject nothing: no anatomy rows then.
+        anatomy = rejection_anatomy(frames.positions, (THETA,), ks=())
+        if anatomy.height:
+            row = anatomy.row(0, named=True)
+            rows.append(_row(
+                "in_nucleus", scope, row["fraction"],
+                f"audit.anatomy.rejection_anatomy, θ = {THETA} (Korn–Graubard)", "pct",
+                ci=(row["ci_low"], row["ci_high"]), n_rejected=row["n_rejected"], **tag,
+            ))  # fmt: skip
         gaps = entropy_gaps(frames.positions).filter(
             (pl.col("subset") == "rejected") & (pl.col("measure") == "entropy_p")
-        ).row(0, named=True)  # fmt: skip
-        rows.append(_row(
-            "entropy_at_rejection", scope, gaps["mean"],
-            "audit.anatomy.entropy_gaps: mean entropy_p where passed_ratio is false (CR1)",
-            "nats", ci=(gaps["ci_low"], gaps["ci_high"]), **tag,
-        ))  # fmt: skip
+        )  # fmt: skip
+        if gaps.height:
+            gap = gaps.row(0, named=True)
+            rows.append(_row(
+                "entropy_at_rejection", scope, gap["mean"],
+                "audit.anatomy.entropy_gaps: mean entropy_p where passed_ratio is false (CR1)",
+                "nats", ci=(gap["ci_low"], gap["ci_high"]), **tag,
+            ))  # fmt: skip
         reached = pl.min_horizontal(pl.col("accepted") + 1, pl.col("k"))
         per_request = (
             frames.rounds.group_by(CLUSTER)

@@ -793,10 +793,13 @@ def model_card(metrics: dict[str, Any], target: Any, draft: Any) -> str:
         "",
         f"- `arith`: {cfg['n_arith']:,} problems, 2-3 operands in 1..99 with `+`/`-`, worked "
         "steps and the answer (loss on the completion only). A solution is phrased with "
-        "choices that do not change the answer: an opener (none, `First,`, `So`, `Well,`), "
-        "the order of a sum's operands, the connector between steps (`.`, `, so`, "
-        "`, then`, `;`) and the word before the answer (`####`, `Answer:`). The target's "
-        "corpus draws them with "
+        "choices that do not change the answer: an opener ("
+        + ", ".join(f"`{o.strip()}`" if o.strip() else "none" for o in tasks.OPENERS)
+        + "), the order of a sum's operands, the connector between steps ("
+        + ", ".join(f"`{c.strip()}`" for c in tasks.CONNECTORS)
+        + ") and the words before the answer ("
+        + ", ".join(f"`{a}`" for a in tasks.ANSWERS)
+        + "). The target's corpus draws them with "
         f"{_style(cfg['target_style'])}; the draft's, generated from the same seeded "
         f"problems, with {_style(cfg['draft_style'])}: one house style. That stands in "
         "for the different data real pairs are trained on: the target weighs several valid "

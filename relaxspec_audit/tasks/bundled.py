@@ -50,18 +50,31 @@ class ArithStyle:
             raise ValueError(f"ArithStyle.keep_order: a probability, got {self.keep_order}")
 
 
-OPENERS = ("", "First, ", "So ", "Well, ")
-CONNECTORS = (". ", ", so ", ", then ", "; ")
-ANSWERS = ("####", "Answer:")
+OPENERS = ("", "First, ", "So ", "Well, ", "Now, ", "Okay, ")
+CONNECTORS = (". ", ", so ", ", then ", "; ", " and ", ", next ")
+ANSWERS = ("####", "Answer:", "The answer is")
 # The target's phrasing (also the reference solutions of the bundled items) and the
-# draft's. The target varies its phrasing; the draft keeps to one house style (its
-# corpus nearly always writes the target's favourite opener, connector and answer word,
-# and swaps a sum's operands). Total variation 0.57 on the opener, 0.50 on the operand
-# order, 0.62 on the connector and 0.39 on the answer word. Greedy decoding picks the
-# same phrasing except for the operand order, where the target's two choices are 0.20
-# nats apart (ln 0.55/0.45): a low-regret mismatch of the kind ASD accepts (THEORY §2.4).
-TARGET_STYLE = ArithStyle((0.40, 0.30, 0.20, 0.10), 0.55, (0.35, 0.30, 0.20, 0.15), (0.60, 0.40))
-DRAFT_STYLE = ArithStyle((0.97, 0.01, 0.01, 0.01), 0.05, (0.97, 0.01, 0.01, 0.01), (0.99, 0.01))
+# draft's. The target varies its phrasing: six openers, six connectors and three answer
+# words, each with a clear favourite (entropy 1.73, 1.73 and 1.07 nats). The draft keeps
+# to one house style: its corpus nearly always writes the target's favourite opener,
+# connector and answer word, and swaps a sum's operands. The lossless ratio test rejects
+# the draft's house choice about 2/3 of the time at an opener or connector, where the
+# target is uncertain, as real pairs are between phrasings (THEORY §3). Greedy decoding
+# picks the same phrasing except for the operand order, where the target's two choices
+# are 0.20 nats apart (ln 0.55/0.45): a low-regret mismatch of the kind ASD accepts
+# (THEORY §2.4).
+TARGET_STYLE = ArithStyle(
+    (0.30, 0.18, 0.15, 0.13, 0.12, 0.12),
+    0.55,
+    (0.30, 0.18, 0.15, 0.13, 0.12, 0.12),
+    (0.45, 0.30, 0.25),
+)
+DRAFT_STYLE = ArithStyle(
+    (0.95, 0.01, 0.01, 0.01, 0.01, 0.01),
+    0.05,
+    (0.95, 0.01, 0.01, 0.01, 0.01, 0.01),
+    (0.98, 0.01, 0.01),
+)
 
 
 def arith_example(rng: random.Random, style: ArithStyle = TARGET_STYLE) -> tuple[str, str, int]:
