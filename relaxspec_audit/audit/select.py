@@ -581,7 +581,9 @@ def _ni_bound(row: Mapping[str, Any], alpha: float) -> str:
     It, not the two-sided interval, decides: at level α a setting is non-inferior when
     this bound clears −δ, even where the two-sided 1 − α interval reaches below it.
     """
-    return f"one-sided {_level(alpha)} lower bound {_pt(row['ni_low'])}"
+    low = row.get("ni_low")
+    shown = "n/a" if low is None or not math.isfinite(low) else _pt(low)
+    return f"one-sided {_level(alpha)} lower bound {shown}"
 
 
 def _x(value: float | None) -> str:

@@ -12,7 +12,6 @@ torch and transformers are imported inside functions (the CLI's ``--help`` must 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,11 +150,11 @@ def collect(
 
 def _complete(run_dir: Path, request_ids: Iterable[str]) -> bool:
     """A run folder marked complete that already holds every one of ``request_ids``."""
-    from relaxspec_audit.collect.logs import MANIFEST, finished_request_ids
+    from relaxspec_audit.collect.logs import LogError, finished_request_ids, read_manifest
 
-    try:
-        status = json.loads((run_dir / MANIFEST).read_text()).get("status")
-    except (OSError, ValueError):
+    try:  # read_manifest refuses another schema version: the writer then says so
+        status = read_manifest(run_dir).get("status")
+    except (LogError, OSError, ValueError):
         return False
     return status == "complete" and set(request_ids) <= finished_request_ids(run_dir)
 

@@ -282,7 +282,7 @@ def exact_rows(runs: Path, mine: Iterable[Path]) -> list[dict[str, Any]]:
             ))  # fmt: skip
         gaps = entropy_gaps(frames.positions).filter(
             (pl.col("subset") == "rejected") & (pl.col("measure") == "entropy_p")
-        )  # fmt: skip
+        ).filter(pl.col("n_positions") > 0)  # fmt: skip
         if gaps.height:
             gap = gaps.row(0, named=True)
             rows.append(_row(

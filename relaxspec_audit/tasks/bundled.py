@@ -60,9 +60,11 @@ ANSWERS = ("####", "Answer:", "The answer is")
 # connector and answer word, and swaps a sum's operands. The lossless ratio test rejects
 # the draft's house choice about 2/3 of the time at an opener or connector, where the
 # target is uncertain, as real pairs are between phrasings (THEORY §3). Greedy decoding
-# picks the same phrasing except for the operand order, where the target's two choices
-# are 0.20 nats apart (ln 0.55/0.45): a low-regret mismatch of the kind ASD accepts
-# (THEORY §2.4).
+# departs from the draft's choice in two places, both low-regret mismatches of the kind
+# ASD accepts (THEORY §2.4): the operand order, where the target's two choices are 0.20
+# nats apart (ln 0.55/0.45), and the connector, where three of the six connectors begin
+# with the same comma token, whose 0.45 outweighs the 0.30 of the draft's ". " (0.41
+# nats), so greedy target decoding writes ", so".
 TARGET_STYLE = ArithStyle(
     (0.30, 0.18, 0.15, 0.13, 0.12, 0.12),
     0.55,
@@ -84,7 +86,8 @@ def arith_example(rng: random.Random, style: ArithStyle = TARGET_STYLE) -> tuple
     non-negative, e.g. prompt ``"Q: 17+25-9=?"`` + newline + ``"A:"`` and completion
     ``" First, 25+17=42, so 42-9=33. Answer: 33"``: an opener, the steps (a sum's
     operands in either order) joined by connectors, then the answer after ``####`` or
-    ``Answer:`` (the scorer reads either, :func:`~.scorers.extract_answer`). The phrasing
+    ``Answer:`` or ``The answer is`` (the scorer reads the number after ``####``, else
+    the last number, :func:`~.scorers.extract_answer`). The phrasing
     is drawn from ``style``; every style makes the same number of draws, so the same
     ``rng`` gives the same problems in any style.
 
