@@ -99,6 +99,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--json", help="also write the results to this JSON file")
     ap.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="also time each batched run with its fixed-shape calls replayed from CUDA "
+        "graphs (collect.graphs), interleaved with the eager run",
+    )
+    ap.add_argument(
         "--hf-static",
         default="",
         help="comma list of batch sizes for transformers' static-cache generate, target-only "
@@ -113,6 +119,8 @@ def main() -> None:
     dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32}.get(
         args.dtype, getattr(torch, args.dtype, torch.float32)
     )
+    if args.cuda_graphs and device.type != "cuda":
+        sys.exit(f"--cuda-graphs needs a CUDA device, got {device}")
     paths = (args.target, args.draft) if args.target and args.draft else None
     name, pair = load(args.pair, device, dtype, paths)
     if batched.fast_path_reason(pair) is not None:
@@ -129,13 +137,20 @@ def main() -> None:
         config = RunConfig(**base, **MODES[mode])
         run_once(pair, reqs[:2], config, None, device)  # warm-up
         run_once(pair, reqs[:2], config, 2, device)
+        graphed = RunConfig(**base, **MODES[mode], cuda_graphs=True) if args.cuda_graphs else None
+        if graphed is not None:
+            run_once(pair, reqs[:2], graphed, 2, device)  # warm-up (captures are per engine)
         per: dict[str, list[float]] = {"base": [], **{str(b): [] for b in sizes}}
+        per.update({f"g{b}": [] for b in sizes} if graphed is not None else {})
         for _ in range(args.repeats):
             s, n = run_once(pair, reqs, config, None, device)
             per["base"].append(n / s)
             for b in sizes:
                 s, n = run_once(pair, reqs, config, b, device)
                 per[str(b)].append(n / s)
+                if graphed is not None:  # right after its eager twin: same machine state
+                    s, n = run_once(pair, reqs, graphed, b, device)
+                    per[f"g{b}"].append(n / s)
         results[mode] = {
             "base_tok_s": statistics.median(per["base"]),
             **{
@@ -148,6 +163,16 @@ def main() -> None:
                 for b in sizes
             },
         }
+        if graphed is not None:
+            results[mode]["graphs"] = {
+                f"b{b}": {
+                    "tok_s": statistics.median(per[f"g{b}"]),
+                    "ratio_vs_eager": statistics.median(
+                        x / y for x, y in zip(per[f"g{b}"], per[str(b)], strict=True)
+                    ),
+                }
+                for b in sizes
+            }
     # Logging on / off at batch 8, greedy speculative (interleaved).
     on_off = []
     cfg_on = RunConfig(**base, **MODES["greedy spec."])
@@ -180,6 +205,13 @@ def main() -> None:
         r = results[mode]
         cells = " | ".join(f"{r[f'b{b}']['tok_s']:.0f} ({r[f'b{b}']['ratio']:.2f}×)" for b in sizes)
         print(f"| {mode} | {r['base_tok_s']:.0f} | {cells} |")
+        if "graphs" in r:
+            g = r["graphs"]
+            cells = " | ".join(
+                f"{g[f'b{b}']['tok_s']:.0f} ({g[f'b{b}']['ratio_vs_eager']:.2f}× eager)"
+                for b in sizes
+            )
+            print(f"| {mode}, CUDA graphs | – | {cells} |")
     print(f"\nlogging on/off at batch 8 (greedy spec.): {results['log_overhead_b8']:.3f}")
     for key, val in hf.items():
         shown = f"{val:.0f}" if isinstance(val, float) else val

@@ -57,10 +57,11 @@ timeout 200 "$PYBIN" benchmarks/bench_decoder.py --pair random-1b --device cuda 
 
 # 2. batched collection (issue 12): aggregate tokens/s at batch 1 and 8 for target-only,
 # greedy speculative and nucleus T=1, and at batch 64 target-only, against the one-request
-# engine; logging on/off at batch 8; transformers' static-cache generate (eager, then
-# torch.compile) at batch 1 and 64 in the same run.
-timeout 240 "$PYBIN" benchmarks/bench_batched.py --pair random-1b --device cuda --dtype bfloat16 \
-  --prompts 8 --max-new-tokens 64 --k "$K" --repeats 1 --batch-sizes 1,8 --hf-static 1,64 \
+# engine; each batched run again with CUDA-graph replay (interleaved); logging on/off at
+# batch 8; transformers' static-cache generate (eager, then torch.compile) at batch 1 and
+# 64 in the same run.
+timeout 300 "$PYBIN" benchmarks/bench_batched.py --pair random-1b --device cuda --dtype bfloat16 \
+  --prompts 8 --max-new-tokens 64 --k "$K" --repeats 1 --batch-sizes 1,8 --hf-static 1,64 --cuda-graphs \
   --json "$OUT/batched_gpu.json" 2>"$OUT/batched_gpu.err" | tee "$OUT/batched_gpu.md" || status=$?
 timeout 90 "$PYBIN" benchmarks/bench_batched.py --pair random-1b --device cuda --dtype bfloat16 \
   --prompts 64 --max-new-tokens 64 --k "$K" --repeats 1 --batch-sizes 64 --modes target-only \
@@ -70,7 +71,7 @@ timeout 90 "$PYBIN" benchmarks/bench_batched.py --pair random-1b --device cuda -
 # 3. the decoder tests with the tiny pairs on CUDA (load_pair picks cuda under device=auto)
 if "$PYBIN" -c 'import pytest' >/dev/null 2>&1; then
   timeout 150 "$PYBIN" -m pytest -q -x tests/test_decoder.py tests/test_fastmodel.py \
-    -k "cuda or load_pair or bfloat16" -p no:cacheprovider 2>&1 | tail -15 \
+    tests/test_graphs.py -k "cuda or load_pair or bfloat16" -p no:cacheprovider 2>&1 | tail -15 \
     | tee "$OUT/pytest_cuda.txt" || status=$?
 fi
 exit "$status"

@@ -42,6 +42,7 @@ import torch
 from relaxspec_audit.collect.config import TARGET_ONLY, RunConfig
 from relaxspec_audit.collect.engine import _Timer, cut_emitted, guard_logits, nonfinite_error
 from relaxspec_audit.collect.fastmodel import FastLM, supports
+from relaxspec_audit.collect.graphs import GraphedLM
 from relaxspec_audit.collect.logs import RequestRows, output_sha256
 from relaxspec_audit.collect.pair import DecodeError, Pair
 from relaxspec_audit.collect.roundlog import (
@@ -176,6 +177,15 @@ class BatchedEngine:
                 raise DecodeError(f"rule {config.rule!r} needs a draft model; the pair has none")
             self.draft = FastLM.from_hf(pair.draft)
             self.draft.setup_cache(batch_size, self.s_max)
+        # The fixed-shape calls of a round (draft steps, verify, target-only steps); prefill
+        # stays eager. Graphs replay the same kernels as the eager calls.
+        self.graphs = config.cuda_graphs
+        if self.graphs and pair.device.type != "cuda":
+            raise DecodeError(f"cuda_graphs needs a CUDA device; the pair is on {pair.device}")
+        self._target_call = GraphedLM(self.target) if self.graphs else self.target
+        self._draft_call = (
+            GraphedLM(self.draft) if self.graphs and self.draft is not None else self.draft
+        )
 
     # ------------------------------------------------------------------ continuous batching
 
@@ -311,7 +321,7 @@ class BatchedEngine:
         idle = torch.full_like(pos, scratch)
         drafts, q_rows, d_bad = [], [], []
         for i in range(k):
-            logits = self.draft(ids, pos, keep=1)[:, -1, :v].float()  # [B, V]
+            logits = self._draft_call(ids, pos, keep=1)[:, -1, :v].float()  # [B, V]
             logits, bad = guard_logits(logits)  # [B, V], [B]: read with the round's copy
             d_bad.append(bad)
             q_i = transform_logits(logits, cfg.temperature, cfg.top_k, cfg.top_p)  # [B, V]
@@ -341,7 +351,7 @@ class BatchedEngine:
         t_ids = torch.cat([last[:, None], drafts_t], 1)  # [B, K+1]
         t_pos = (base - 1)[:, None] + torch.arange(k + 1, device=dev)[None]  # [B, K+1]
         t_pos = torch.where(live_dev[:, None], t_pos, torch.full_like(t_pos, scratch))
-        z = self.target(t_ids, t_pos)[..., :v].float()  # [B, K+1, V]
+        z = self._target_call(t_ids, t_pos)[..., :v].float()  # [B, K+1, V]
         z, t_bad = guard_logits(z)  # [B, K+1, V], [B, K+1]
         # Only what the one-request engine computes counts: live rows, their block's drafts
         # and its k_r + 1 target rows (idle rows and slots past a block's end are padding).
@@ -441,7 +451,7 @@ class BatchedEngine:
             ids[i, 0], pos[i, 0] = r.seq[-1], len(r.seq) - 1
             u[i] = r.u_all[2, r.n_out]
         t0 = timer.now()
-        z = self.target(torch.from_numpy(ids).to(dev), torch.from_numpy(pos).to(dev))
+        z = self._target_call(torch.from_numpy(ids).to(dev), torch.from_numpy(pos).to(dev))
         z, bad = guard_logits(z[:, -1, :v].float())  # [B, V], [B]
         p = None
         if cfg.greedy:
@@ -514,4 +524,5 @@ def engine_info(engine: BatchedEngine) -> dict[str, Any]:
         "batch_size": engine.b,
         "max_seq_len": engine.s_max,
         "kv_cache_bytes": engine.kv_bytes,
+        "cuda_graphs": engine.graphs,
     }

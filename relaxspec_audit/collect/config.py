@@ -51,7 +51,7 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 #: same run folder and only adds requests; ``batch_size`` changes speed, and floats only
 #: within a tolerance (decisions up to the first near-tie, THEORY §4), so a run resumed at
 #: another batch size stays one run.
-_NOT_IN_RUN_ID = ("limit", "batch_size")
+_NOT_IN_RUN_ID = ("limit", "batch_size", "cuda_graphs")
 #: Fields hashed into ``run_id`` only when they differ from these defaults: added after run
 #: ids were in use, they must leave every existing id unchanged.
 _IN_RUN_ID_UNLESS_DEFAULT = {"samples_per_item": 1, "variant": None}
@@ -102,6 +102,10 @@ class RunConfig:
         variant: a label that separates replica runs of one setting from the main one
             (``"coupling"``, ``"floor-b1"``, ``"floor-float32"``); a short slug. In
             ``run_id`` when set.
+        cuda_graphs: replay the batched engine's fixed-shape draft, verify and
+            target-only calls from captured CUDA graphs (``collect.graphs``); needs a CUDA
+            device and the static-cache path. The same kernels run, so it is not in
+            ``run_id``; the manifest's ``engine`` records it.
     """
 
     task: str = "arith"
@@ -124,6 +128,7 @@ class RunConfig:
     batch_size: int | None = None
     samples_per_item: int = 1
     variant: str | None = None
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         # JSON gives lists; keep the grid hashable.
@@ -197,6 +202,10 @@ class RunConfig:
             raise ConfigError("dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
         if not isinstance(self.log_positions, bool):
             raise ConfigError("log_positions", f"must be a bool, got {self.log_positions!r}")
+        if not isinstance(self.cuda_graphs, bool):
+            raise ConfigError("cuda_graphs", f"must be a bool, got {self.cuda_graphs!r}")
+        if self.cuda_graphs and self.device in ("cpu", "mps"):
+            raise ConfigError("cuda_graphs", f"needs a CUDA device, got device {self.device!r}")
         if not self.theta_grid or not all(0 < t <= 1 for t in self.theta_grid):
             raise ConfigError("theta_grid", f"must be non-empty, in (0, 1], got {self.theta_grid}")
         _check_int(self, "samples_per_item", minimum=1)
