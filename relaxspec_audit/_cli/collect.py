@@ -109,6 +109,13 @@ def build_command() -> click.Command:
         "[default: auto, 8 on CPU, 64 on CUDA; not part of the run id]",
     )
     @click.option(
+        "--cuda-graphs",
+        is_flag=True,
+        default=_D.cuda_graphs,
+        help="Replay the batched engine's fixed-shape calls from CUDA graphs (CUDA only; "
+        "not part of the run id).",
+    )
+    @click.option(
         "--samples-per-item",
         default=_D.samples_per_item,
         show_default=True,
@@ -209,6 +216,7 @@ def _collect(opts: dict[str, Any]) -> None:
             dtype=opts["dtype"],
             log_positions=opts["log_positions"],
             batch_size=opts["batch_size"],
+            cuda_graphs=opts["cuda_graphs"],
             samples_per_item=opts["samples_per_item"],
             variant=opts["variant"],
         ).validate()
