@@ -686,6 +686,12 @@ def test_collect_in_process_and_summary(tiny_qwen2_pair, tmp_path):
     collect.collect(cfg, tmp_path, pair=_pair(tiny_qwen2_pair))
     assert logs.scan(tmp_path, "requests").collect().height == 4
     assert (run_dir / "manifest.json").read_bytes() == manifest
+    # a complete run made before cost tables existed gains the one it is given, nothing else
+    old = json.loads(manifest)
+    table = old.pop("cost_table", None) or {"id": "t0", "draft_step_s": 1.0}
+    (run_dir / "manifest.json").write_text(json.dumps(old, indent=2, sort_keys=True))
+    collect.collect(cfg, tmp_path, pair=_pair(tiny_qwen2_pair), cost_table=table)
+    assert json.loads((run_dir / "manifest.json").read_text()) == {**old, "cost_table": table}
 
 
 @pytest.mark.parametrize("scale", [0.1, 1.0, 4.0])

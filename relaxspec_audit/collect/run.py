@@ -80,6 +80,8 @@ def collect(
     if resume and shard is None and _complete(config.run_dir(out), samples.keys()):
         # Nothing to decode: reopening the writer would restamp the manifest (engine,
         # git commit, end time) with this process's facts instead of the ones that made it.
+        # A run made before cost tables existed still gains the one it is given.
+        _add_missing_cost_table(config.run_dir(out), cost_table)
         return config.run_dir(out)
     if pair is None:
         draft = None if config.rule == TARGET_ONLY else config.draft
@@ -157,6 +159,20 @@ def _complete(run_dir: Path, request_ids: Iterable[str]) -> bool:
     except (LogError, OSError, ValueError):
         return False
     return status == "complete" and set(request_ids) <= finished_request_ids(run_dir)
+
+
+def _add_missing_cost_table(run_dir: Path, cost_table: Mapping[str, Any] | None) -> None:
+    """Store ``cost_table`` in a complete run's manifest that has none; touch nothing else."""
+    import json
+
+    from relaxspec_audit.collect.logs import MANIFEST, read_manifest
+    from relaxspec_audit.collect.writer import _atomic_write_text
+
+    manifest = read_manifest(run_dir)
+    if cost_table is None or manifest.get("cost_table") is not None:
+        return
+    manifest["cost_table"] = dict(cost_table)
+    _atomic_write_text(run_dir / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
 
 
 @dataclass(frozen=True)
