@@ -249,7 +249,7 @@ def accuracy_delta(
         ci_low, ci_high = mean - tq * se, mean + tq * se
         # The bound the one-sided test at α inverts (non-inferior iff ni_low > −δ): the
         # 1 − 2α two-sided interval's lower end, not the 1 − α interval's.
-        ni_low = mean - sps.t.ppf(1 - alpha, max(n - 1, 1)) * se
+        ni_low = float("nan") if degenerate else mean - sps.t.ppf(1 - alpha, max(n - 1, 1)) * se
         # Zero-variance differences leave the t tests undefined: NaN, never certified.
         p_ni = float("nan") if degenerate else noninferiority_ttest(d, ni_margin)
         p_tost = (
@@ -277,7 +277,7 @@ def accuracy_delta(
             se=se,
             ci_low=ci_low,
             ci_high=ci_high,
-            ni_low=float("nan") if degenerate and not (binary and part.height == n) else ni_low,
+            ni_low=ni_low,
             p_mcnemar=p_mc,
             p_ttest=p_t,
             p_wilcoxon=p_w,

@@ -23,6 +23,7 @@ from relaxspec_audit.collect.inputs import bind_inputs
 from relaxspec_audit.collect.logs import RequestRows
 from relaxspec_audit.collect.pair import Pair, check_prompts_fit, encode_prompt, load_pair
 from relaxspec_audit.collect.stops import StopStrings
+from relaxspec_audit.collect.writer import write_manifest
 
 
 def collect(
@@ -77,11 +78,13 @@ def collect(
     task = tasks.load_task(config.task, split=config.split, limit=config.limit)
     inputs = bind_inputs(config, task, config.run_dir(out), resume)  # refuse a mixed resume
     samples = _sample_requests(task.items, config.samples_per_item)
-    if resume and shard is None and _complete(config.run_dir(out), samples.keys()):
+    done = _complete(config.run_dir(out), samples.keys()) if resume and shard is None else None
+    if done is not None:
         # Nothing to decode: reopening the writer would restamp the manifest (engine,
         # git commit, end time) with this process's facts instead of the ones that made it.
         # A run made before cost tables existed still gains the one it is given.
-        _add_missing_cost_table(config.run_dir(out), cost_table)
+        if cost_table is not None and done.get("cost_table") is None:
+            write_manifest(config.run_dir(out), {**done, "cost_table": dict(cost_table)})
         return config.run_dir(out)
     if pair is None:
         draft = None if config.rule == TARGET_ONLY else config.draft
@@ -150,29 +153,16 @@ def collect(
     return run_dir
 
 
-def _complete(run_dir: Path, request_ids: Iterable[str]) -> bool:
-    """A run folder marked complete that already holds every one of ``request_ids``."""
+def _complete(run_dir: Path, request_ids: Iterable[str]) -> dict[str, Any] | None:
+    """The manifest of a run marked complete that holds every one of ``request_ids``."""
     from relaxspec_audit.collect.logs import LogError, finished_request_ids, read_manifest
 
     try:  # read_manifest refuses another schema version: the writer then says so
-        status = read_manifest(run_dir).get("status")
+        manifest = read_manifest(run_dir)
     except (LogError, OSError, ValueError):
-        return False
-    return status == "complete" and set(request_ids) <= finished_request_ids(run_dir)
-
-
-def _add_missing_cost_table(run_dir: Path, cost_table: Mapping[str, Any] | None) -> None:
-    """Store ``cost_table`` in a complete run's manifest that has none; touch nothing else."""
-    import json
-
-    from relaxspec_audit.collect.logs import MANIFEST, read_manifest
-    from relaxspec_audit.collect.writer import _atomic_write_text
-
-    manifest = read_manifest(run_dir)
-    if cost_table is None or manifest.get("cost_table") is not None:
-        return
-    manifest["cost_table"] = dict(cost_table)
-    _atomic_write_text(run_dir / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
+        return None
+    done = manifest.get("status") == "complete"
+    return manifest if done and set(request_ids) <= finished_request_ids(run_dir) else None
 
 
 @dataclass(frozen=True)

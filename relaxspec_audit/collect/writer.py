@@ -335,18 +335,27 @@ def finish_manifest(run_dir: str | Path, status: str, **fields: Any) -> dict[str
     Returns:
         The manifest written.
     """
-    from relaxspec_audit.collect import storage
     from relaxspec_audit.collect.reader import read_manifest
 
     manifest = read_manifest(run_dir)
     manifest.update(fields)
     manifest.update(status=status, ended_at=_now(), n_requests=len(finished_request_ids(run_dir)))
-    if storage.is_remote(run_dir):  # one PUT: readers see the old manifest or the new one
-        storage.write_json(storage.parse_store(run_dir), "", MANIFEST, manifest)
+    write_manifest(run_dir, manifest)
+    return manifest
+
+
+def write_manifest(run_dir: str | Path, manifest: Mapping[str, Any]) -> None:
+    """Replace a run's manifest whole: readers see the old one or the new one, never part.
+
+    ``run_dir`` is a run folder or an object store URL (``collect.storage``).
+    """
+    from relaxspec_audit.collect import storage
+
+    if storage.is_remote(run_dir):  # one PUT
+        storage.write_json(storage.parse_store(run_dir), "", MANIFEST, dict(manifest))
     else:
         text = json.dumps(manifest, indent=2, sort_keys=True)
         _atomic_write_text(Path(run_dir) / MANIFEST, text)
-    return manifest
 
 
 def environment() -> dict[str, Any]:
