@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -408,6 +409,53 @@ def test_resume_refused_after_task_changed(tmp_path, monkeypatch):
     with pytest.raises(InputsChangedError, match=f"task file {task} changed"):
         collect(cfg, out)
     assert logs.finished_request_ids(rd) == {"q0"}
+
+
+def test_a_run_owned_by_another_collect_or_batch_is_refused(tmp_path, monkeypatch):
+    """One owner per run (collect.lease.hold_run): a second collect, or a batch of another
+    engine whose writer namespace differs, is refused before any model is loaded, and the
+    owner's run is untouched."""
+    from relaxspec_audit.collect.lease import OWNER_LEASE, LeaseHeldError, hold_run
+    from relaxspec_audit.collect.pair import DecodeError
+    from relaxspec_audit.collect.run import collect
+
+    cfg, out, rd, _, _ = _bound_run(tmp_path, monkeypatch)
+    before = {p.name: p.read_bytes() for p in rd.rglob("*") if p.is_file()}
+    with hold_run(rd) as owner:  # e.g. a Ray batch's driver (shards write as s0000, ...)
+        with pytest.raises(LeaseHeldError, match=f"the run is held by pid {os.getpid()}"):
+            collect(cfg, out)  # its namespace w0 is free: only the owner lease stops it
+        assert json.loads((rd / OWNER_LEASE).read_text())["token"] == owner.token
+    after = {p.name: p.read_bytes() for p in rd.rglob("*") if p.is_file()}
+    assert after == before  # nothing written, nothing lost
+    assert logs.finished_request_ids(rd) == {"q0"}
+    # unowned, the same collect goes on to load the models (these fake ones fail), and its
+    # own lease is released on the way out
+    with pytest.raises(DecodeError, match="no tokenizer found"):
+        collect(cfg, out)
+    assert not (rd / OWNER_LEASE).exists()
+
+
+def test_an_owner_that_died_is_taken_over_and_a_refused_new_run_leaves_no_folder(
+    tmp_path, monkeypatch
+):
+    from relaxspec_audit.collect.lease import OWNER_LEASE, hold_run
+    from relaxspec_audit.collect.pair import DecodeError
+    from relaxspec_audit.collect.run import collect
+
+    cfg, out, rd, _, _ = _bound_run(tmp_path, monkeypatch)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], text=True, capture_output=True
+    ).stdout.strip()
+    info = {"pid": int(dead), "host": socket.gethostname(), "token": "t", "heartbeat": 2e9}
+    (rd / OWNER_LEASE).write_text(json.dumps(info))
+    with hold_run(rd) as owner:  # a killed owner's lease is stale at once on its host
+        assert json.loads((rd / OWNER_LEASE).read_text())["token"] == owner.token
+    assert not (rd / OWNER_LEASE).exists() and rd.is_dir()  # a folder it found is kept
+    # a new run that fails its checks (these models cannot load) leaves no empty folder
+    other = RunConfig(**{**cfg.to_dict(), "seed": cfg.seed + 1})
+    with pytest.raises(DecodeError, match="no tokenizer found"):
+        collect(other, out)
+    assert not other.run_dir(out).exists()
 
 
 def test_unchanged_inputs_resume(tmp_path, monkeypatch):

@@ -313,6 +313,23 @@ def test_a_shard_waits_out_the_lease_of_a_worker_lost_on_another_host(tmp_path, 
     assert finished_request_ids(run_dir) == set(spec.request_ids)
 
 
+def test_the_driver_owns_every_run_or_starts_nothing(tmp_path):
+    """Two batches on one runs root (another engine, another shard size) must not decode
+    the same requests: the driver takes every run's owner lease before planning, and one
+    run owned elsewhere stops the batch before any work, releasing the others (no Ray
+    needed: nothing reaches the cluster)."""
+    from relaxspec_audit.collect.lease import OWNER_LEASE, LeaseHeldError, hold_run
+
+    configs = _configs(limit=2)
+    held = configs[1].run_dir(tmp_path)
+    with hold_run(held):  # e.g. a local batch's collect of that run
+        with pytest.raises(LeaseHeldError, match=f"{held}: the run is held by pid"):
+            _engine().collect(configs, tmp_path)
+        assert [p.name for p in held.iterdir()] == [OWNER_LEASE]
+    for config in configs:  # the leases it took are gone with the empty folders it made
+        assert not config.run_dir(tmp_path).exists()
+
+
 def test_a_run_with_parts_outside_every_record_is_not_marked_complete(cluster, tmp_path):
     """Another namespace's leftover part (a local run killed mid-chunk) would make a
     complete run unreadable: the driver reports the run failed, naming the part."""

@@ -43,7 +43,7 @@ from relaxspec_audit.batch.shards import (
     run_location,
 )
 from relaxspec_audit.collect.config import TARGET_ONLY, RunConfig
-from relaxspec_audit.collect.lease import LeaseHeldError
+from relaxspec_audit.collect.lease import LeaseHeldError, hold_runs
 from relaxspec_audit.collect.schema import LEASE_TIMEOUT_S, MANIFEST
 
 #: Torch threads per CPU actor when the caller does not say: two cores per pair keep a
@@ -364,7 +364,26 @@ class RayEngine:
 
         Returns:
             ``{config.to_json(): (run folder or URL, error or None)}``.
+
+        Raises:
+            LeaseHeldError: another live collect or batch owns one of the runs (local
+                runs roots only: a store has no lock); nothing is decoded.
         """
+        store = _store(runs_dir)
+        # The driver owns every run for the whole batch, its shards' writers write under it:
+        # a second batch (another engine or shard size) is refused before any work.
+        local = [run_location(store, c) for c in configs] if store.is_local else []
+        with hold_runs(local):
+            return self._collect(configs, store, cost_tables, on_done, progress)
+
+    def _collect(
+        self,
+        configs: Sequence[RunConfig],
+        store: Any,
+        cost_tables: Mapping[str, Mapping[str, Any]] | None,
+        on_done: Callable[[RunConfig, Path, str | None], None] | None,
+        progress: Callable[[Mapping[str, Any]], None] | None,
+    ) -> dict[str, tuple[Path, str | None]]:
         from relaxspec_audit.collect.reader import (
             finished_request_ids,
             read_manifest,
@@ -373,7 +392,6 @@ class RayEngine:
         from relaxspec_audit.collect.writer import finish_manifest
 
         ray = _ray()
-        store = _store(runs_dir)
         shards, wanted = plan_shards(configs, store, self.shard_size)
         by_run = {c.to_json(): c for c in configs}
         left = {key: sum(s.config_json == key for s in shards) for key in by_run}

@@ -1,27 +1,43 @@
-"""A lease on a writer's namespace of a run folder: one live writer per namespace.
+"""Leases on a run folder: one owner per run, one live writer per namespace.
 
-A lock file ``.lease-<writer>.json`` with the holder's PID, host, a random token and a
-heartbeat, created with ``os.link`` (never half written) and refreshed by a thread. A second
-writer on a live lease is refused with a message naming the holder; a lease whose PID is
-dead on this host, or whose heartbeat is older than the timeout, is stale and taken over.
+A lock file with the holder's PID, host, a random token and a heartbeat, created with
+``os.link`` (never half written) and refreshed by a thread. A second holder of a live lease
+is refused with a message naming the holder; a lease whose PID is dead on this host, or
+whose heartbeat is older than the timeout, is stale and taken over.
+
+Two levels, because a run can have several writers at once (a Ray batch's shards):
+
+- ``.lease-<writer>.json``: a writer's namespace (its part names), held by
+  ``logs.RunWriter`` while it writes;
+- ``.lease.json`` (:func:`hold_run`): the run's owner, the one ``collect`` or batch
+  driver that plans and finishes it. A local collect holds it for itself; a Ray batch's
+  driver holds it for all its shards. Without it, two batches with different writer
+  namespaces (the local engine's ``w0`` and Ray's ``s0000``...) would each read what is
+  committed when they open and decode the same requests twice.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 import socket
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from relaxspec_audit.collect.schema import LEASE_TIMEOUT_S, LogError
 
+#: The run owner's lease file (outside the ``.lease-<writer>.json`` pattern on purpose:
+#: a writer starting a run over must not take its own owner for another writer).
+OWNER_LEASE = ".lease.json"
+
 
 class LeaseHeldError(LogError):
-    """A live writer (by its heartbeat) holds the namespace; a dead one's goes stale."""
+    """A live holder (by its heartbeat) has the lease; a dead one's goes stale."""
 
 
 class Lease:
@@ -36,15 +52,22 @@ class Lease:
 
     Args:
         run_dir: the run folder.
-        writer: the namespace (a writer id).
+        writer: the namespace (a writer id), or ``"owner"`` for the run's owner lease.
         timeout_s: heartbeat age after which the lease is stale.
+        name: the lease file's name (default ``.lease-<writer>.json``).
     """
 
-    def __init__(self, run_dir: Path, writer: str, timeout_s: float = LEASE_TIMEOUT_S):
+    def __init__(
+        self,
+        run_dir: Path,
+        writer: str,
+        timeout_s: float = LEASE_TIMEOUT_S,
+        name: str | None = None,
+    ):
         self.run_dir = Path(run_dir)
         self.writer = writer
         self.timeout_s = float(timeout_s)
-        self.path = self.run_dir / f".lease-{writer}.json"
+        self.path = self.run_dir / (name or f".lease-{writer}.json")
         self.token = secrets.token_hex(8)
         self.lost: str | None = None  # why the lease was lost, set by the heartbeat
         self._stop = threading.Event()
@@ -64,10 +87,12 @@ class Lease:
                 continue
             if not self._stale(info):
                 age = time.time() - float(info.get("heartbeat", 0) or 0)
+                what = "the run" if self.path.name == OWNER_LEASE else (
+                    f"writer namespace {self.writer!r}")  # fmt: skip
                 raise LeaseHeldError(
-                    f"{self.run_dir}: writer namespace {self.writer!r} is held by pid "
-                    f"{info.get('pid')} on {info.get('host')} (heartbeat {age:.0f} s ago, "
-                    f"lease {self.path.name}); another collect is writing this run folder. "
+                    f"{self.run_dir}: {what} is held by pid {info.get('pid')} on "
+                    f"{info.get('host')} (heartbeat {age:.0f} s ago, lease {self.path.name}); "
+                    "another collect or batch is writing this run folder. "
                     "Wait for it, or stop it; a dead holder's lease is taken over"
                 )
             self._break(info)
@@ -178,6 +203,46 @@ class Lease:
             except (json.JSONDecodeError, UnicodeDecodeError):
                 time.sleep(0.01)
         return {}  # unreadable: judged by its mtime
+
+
+@contextlib.contextmanager
+def hold_run(run_dir: Path, timeout_s: float = LEASE_TIMEOUT_S) -> Iterator[Lease]:
+    """Own a run folder for the block: its ``.lease.json`` (see the module docstring).
+
+    Creates the folder if needed, and removes it again on exit if this call created it and
+    it is still empty, so a collect refused for bad input leaves no trace.
+
+    Raises:
+        LeaseHeldError: another live collect or batch owns the run (folder and holder named).
+    """
+    run_dir = Path(run_dir)
+    created = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lease = Lease(run_dir, "owner", timeout_s, name=OWNER_LEASE)
+    try:
+        lease.acquire()
+        try:
+            yield lease
+        finally:
+            lease.release()
+    finally:
+        if created:
+            with contextlib.suppress(OSError):  # not empty, or gone: nothing to tidy
+                run_dir.rmdir()
+
+
+@contextlib.contextmanager
+def hold_runs(run_dirs: Iterable[Path], timeout_s: float = LEASE_TIMEOUT_S) -> Iterator[None]:
+    """Own every one of ``run_dirs`` for the block, or none.
+
+    Raises:
+        LeaseHeldError: another live collect or batch owns one of them; the ones already
+            taken are released, and nothing is written.
+    """
+    with contextlib.ExitStack() as held:
+        for run_dir in run_dirs:
+            held.enter_context(hold_run(run_dir, timeout_s))
+        yield
 
 
 def _pid_alive(pid: Any) -> bool:

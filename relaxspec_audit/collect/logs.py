@@ -4,6 +4,7 @@ Layout of one run folder (docs/ARCHITECTURE.md "Logs")::
 
     <out>/task=<task>/rule=<rule>/run=<run_id>/
         manifest.json
+        .lease.json                              while a collect or batch owns the run
         .lease-<writer>.json                     while a writer holds the namespace
         commits/<writer>-00000.json              one commit record per chunk
         positions/part-<writer>-00000.parquet    rounds/…    requests/…
@@ -13,7 +14,9 @@ id (default :data:`DEFAULT_WRITER`) in its part and temp names, and holds a leas
 namespace (:class:`Lease`: PID, host and a heartbeat). A second writer on a held namespace
 gets a :class:`LogError` naming the folder and the holder; a lease whose PID is dead on
 this host, or whose heartbeat is older than the timeout, is taken over. A writer only ever
-deletes its own uncommitted files.
+deletes its own uncommitted files. Above the namespaces, the run has one owner
+(``lease.hold_run``): the collect or batch driver that plans it and finishes its manifest,
+so two batches whose writers use different namespaces cannot decode one run at once.
 
 **Commit protocol.** A chunk of finished requests is written as ``positions`` part N, then
 ``rounds`` part N, then ``requests`` part N, each through a temp file and ``os.replace``,
@@ -32,7 +35,8 @@ commit records (``part-NNNNN.parquet``, committed by their ``requests`` part) ar
 as *unverified* (:func:`is_verified`); their values are still range-checked.
 
 The pieces, one idea each: :mod:`~relaxspec_audit.collect.schema` (tables, columns,
-layout), :mod:`~relaxspec_audit.collect.lease` (one writer per namespace),
+layout), :mod:`~relaxspec_audit.collect.lease` (one owner per run, one writer per
+namespace),
 :mod:`~relaxspec_audit.collect.writer` (commits) and :mod:`~relaxspec_audit.collect.reader`
 (verified reads); notebooks, reports and users import them from here (``logs.scan``,
 ``logs.RunWriter``, ``logs.SCHEMA``). Nothing here knows about models: the decode engine

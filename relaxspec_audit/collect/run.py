@@ -12,6 +12,7 @@ torch and transformers are imported inside functions (the CLI's ``--help`` must 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 from relaxspec_audit.collect.config import TARGET_ONLY, RunConfig, sample_request_id
 from relaxspec_audit.collect.engine import decode_request
 from relaxspec_audit.collect.inputs import bind_inputs
+from relaxspec_audit.collect.lease import hold_run
 from relaxspec_audit.collect.logs import RequestRows
 from relaxspec_audit.collect.pair import Pair, check_prompts_fit, encode_prompt, load_pair
 from relaxspec_audit.collect.stops import StopStrings
@@ -76,81 +78,85 @@ def collect(
 
     config.validate()
     task = tasks.load_task(config.task, split=config.split, limit=config.limit)
-    inputs = bind_inputs(config, task, config.run_dir(out), resume)  # refuse a mixed resume
-    samples = _sample_requests(task.items, config.samples_per_item)
-    done = _complete(config.run_dir(out), samples.keys()) if resume and shard is None else None
-    if done is not None:
-        # Nothing to decode: reopening the writer would restamp the manifest (engine,
-        # git commit, end time) with this process's facts instead of the ones that made it.
-        # A run made before cost tables existed still gains the one it is given.
-        if cost_table is not None and done.get("cost_table") is None:
-            write_manifest(config.run_dir(out), {**done, "cost_table": dict(cost_table)})
-        return config.run_dir(out)
-    if pair is None:
-        draft = None if config.rule == TARGET_ONLY else config.draft
-        pair = load_pair(
-            config.target, draft, config.device, config.dtype,
-            allow_untokenized_draft=allow_untokenized_draft,
-        )  # fmt: skip
-    # Every prompt must fit the models' context with room for the output and one block,
-    # checked before the run folder is touched.
-    encoded = {item.id: encode_prompt(pair, item.prompt) for item in task.items}
-    k = 0 if config.rule == TARGET_ONLY else config.k
-    check_prompts_fit(pair, list(encoded.items()), config.max_new_tokens, k)
-    if shard is not None:
-        unknown = sorted(set(shard.request_ids) - samples.keys())
-        if unknown:
-            raise ValueError(f"shard {shard.writer}: requests not in the run: {unknown[:5]}")
-        samples = {rid: samples[rid] for rid in shard.request_ids}
-    if calibrate and cost_table is None:
-        cost_table = _calibrated(pair, config, out, allow_untokenized_draft)
     run_dir = config.run_dir(out)
-    manifest = {
-        "config": config.to_dict(),
-        "run_id": config.run_id(),
-        "theta_grid": list(config.theta_grid),
-        "models": pair.info,
-        "task": {"name": task.name, "n_items": len(task.items), "scorer": task.scorer_name},
-        "eos_ids": sorted(pair.eos_ids),
-        "inputs": inputs,
-    }
-    if cost_table is not None:
-        manifest["cost_table"] = dict(cost_table)
-    totals = {"done": 0, "total": len(samples), "tokens": 0, "passes": 0}
-    totals.update(accepted=0, drafted=0, wall_s=0.0, skipped=0)
-    own = {} if shard is None else {"writer": shard.writer, "owns_manifest": False}
-    if shard is not None and shard.on_commit is not None:
-        own["on_commit"] = shard.on_commit
-    with RunWriter(run_dir, manifest, resume=resume, chunk_size=chunk_size, **own) as writer:
-        todo = {rid: item for rid, item in samples.items() if rid not in writer.finished}
-        totals["skipped"] = totals["done"] = len(samples) - len(todo)
-        requests = [(rid, encoded[item.id]) for rid, item in todo.items()]
-        stops = StopStrings(pair.tokenizer, task.stop) if task.stop else None
-        decoded, engine = _decoder(pair, config, requests, stops)
-        # Which engine ran, and the KV cache it preallocated, before any decoding.
-        writer.update_manifest(engine=engine)
-        if progress is not None:
-            progress({**totals, "engine": engine})
-        for rows in decoded:
-            item = todo[rows.request_id]
-            text = pair.tokenizer.decode(rows.request["output_ids"], skip_special_tokens=True)
-            rows.request.update(
-                item_id=item.id,
-                task=task.name,
-                split=item.split,
-                text=text,
-                score=task.score(item, text),
-            )
-            writer.add(rows)
-            totals["done"] += 1
-            totals["tokens"] += rows.request["n_tokens"]
-            totals["passes"] += rows.request["target_passes"]
-            totals["accepted"] += int(sum(rows.rounds["accepted"]))
-            totals["drafted"] += int(sum(rows.rounds["k"]))
-            totals["wall_s"] += rows.request["wall_s"]
+    # One owner per run: this collect, or (for a shard) the batch driver that planned it.
+    with contextlib.ExitStack() as owned:
+        if shard is None:
+            owned.enter_context(hold_run(run_dir))
+        inputs = bind_inputs(config, task, run_dir, resume)  # refuse a mixed resume
+        samples = _sample_requests(task.items, config.samples_per_item)
+        done = _complete(run_dir, samples.keys()) if resume and shard is None else None
+        if done is not None:
+            # Nothing to decode: reopening the writer would restamp the manifest (engine,
+            # git commit, end time) with this process's facts instead of the ones that made
+            # it. A run made before cost tables existed still gains the one it is given.
+            if cost_table is not None and done.get("cost_table") is None:
+                write_manifest(run_dir, {**done, "cost_table": dict(cost_table)})
+            return run_dir
+        if pair is None:
+            draft = None if config.rule == TARGET_ONLY else config.draft
+            pair = load_pair(
+                config.target, draft, config.device, config.dtype,
+                allow_untokenized_draft=allow_untokenized_draft,
+            )  # fmt: skip
+        # Every prompt must fit the models' context with room for the output and one block,
+        # checked before anything is written.
+        encoded = {item.id: encode_prompt(pair, item.prompt) for item in task.items}
+        k = 0 if config.rule == TARGET_ONLY else config.k
+        check_prompts_fit(pair, list(encoded.items()), config.max_new_tokens, k)
+        if shard is not None:
+            unknown = sorted(set(shard.request_ids) - samples.keys())
+            if unknown:
+                raise ValueError(f"shard {shard.writer}: requests not in the run: {unknown[:5]}")
+            samples = {rid: samples[rid] for rid in shard.request_ids}
+        if calibrate and cost_table is None:
+            cost_table = _calibrated(pair, config, out, allow_untokenized_draft)
+        manifest = {
+            "config": config.to_dict(),
+            "run_id": config.run_id(),
+            "theta_grid": list(config.theta_grid),
+            "models": pair.info,
+            "task": {"name": task.name, "n_items": len(task.items), "scorer": task.scorer_name},
+            "eos_ids": sorted(pair.eos_ids),
+            "inputs": inputs,
+        }
+        if cost_table is not None:
+            manifest["cost_table"] = dict(cost_table)
+        totals = {"done": 0, "total": len(samples), "tokens": 0, "passes": 0}
+        totals.update(accepted=0, drafted=0, wall_s=0.0, skipped=0)
+        own = {} if shard is None else {"writer": shard.writer, "owns_manifest": False}
+        if shard is not None and shard.on_commit is not None:
+            own["on_commit"] = shard.on_commit
+        with RunWriter(run_dir, manifest, resume=resume, chunk_size=chunk_size, **own) as writer:
+            todo = {rid: item for rid, item in samples.items() if rid not in writer.finished}
+            totals["skipped"] = totals["done"] = len(samples) - len(todo)
+            requests = [(rid, encoded[item.id]) for rid, item in todo.items()]
+            stops = StopStrings(pair.tokenizer, task.stop) if task.stop else None
+            decoded, engine = _decoder(pair, config, requests, stops)
+            # Which engine ran, and the KV cache it preallocated, before any decoding.
+            writer.update_manifest(engine=engine)
             if progress is not None:
-                progress(dict(totals))
-    return run_dir
+                progress({**totals, "engine": engine})
+            for rows in decoded:
+                item = todo[rows.request_id]
+                text = pair.tokenizer.decode(rows.request["output_ids"], skip_special_tokens=True)
+                rows.request.update(
+                    item_id=item.id,
+                    task=task.name,
+                    split=item.split,
+                    text=text,
+                    score=task.score(item, text),
+                )
+                writer.add(rows)
+                totals["done"] += 1
+                totals["tokens"] += rows.request["n_tokens"]
+                totals["passes"] += rows.request["target_passes"]
+                totals["accepted"] += int(sum(rows.rounds["accepted"]))
+                totals["drafted"] += int(sum(rows.rounds["k"]))
+                totals["wall_s"] += rows.request["wall_s"]
+                if progress is not None:
+                    progress(dict(totals))
+        return run_dir
 
 
 def _complete(run_dir: Path, request_ids: Iterable[str]) -> dict[str, Any] | None:
