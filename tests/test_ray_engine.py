@@ -9,6 +9,8 @@ every request logged exactly once, and a re-run skips committed shards.
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import polars as pl
@@ -328,6 +330,38 @@ def test_the_driver_owns_every_run_or_starts_nothing(tmp_path):
         assert [p.name for p in held.iterdir()] == [OWNER_LEASE]
     for config in configs:  # the leases it took are gone with the empty folders it made
         assert not config.run_dir(tmp_path).exists()
+
+
+def test_staging_left_by_a_killed_worker_is_removed_by_the_next_one(tmp_path, monkeypatch):
+    """A worker killed mid-shard on an object store never removes its staging folder (it
+    holds the shard's unpushed parts); the next staging on the host removes the folders of
+    dead PIDs there, and keeps live workers' and other hosts' (no Ray needed)."""
+    import socket
+    import subprocess
+    import sys
+    import tempfile
+
+    from relaxspec_audit.batch import ray_engine
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    host = socket.gethostname()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], text=True, capture_output=True
+    ).stdout.strip()
+    left = {
+        "killed": tmp_path / f"{ray_engine.STAGING}{host}-{dead}-shard-x1",
+        "live": tmp_path / f"{ray_engine.STAGING}{host}-{os.getpid()}-shard-x2",
+        "other host": tmp_path / f"{ray_engine.STAGING}{host}x-{dead}-shard-x3",
+        "not ours": tmp_path / f"other-{host}-{dead}-shard-x4",
+    }
+    for path in left.values():
+        (path / "runs").mkdir(parents=True)
+        (path / "runs" / "part.parquet").write_bytes(b"x")
+    with ray_engine._staging("shard") as fresh:
+        assert Path(fresh).name.startswith(f"{ray_engine.STAGING}{host}-{os.getpid()}-shard-")
+        assert not left["killed"].exists()
+        assert all(left[k].is_dir() for k in ("live", "other host", "not ours"))
+    assert not Path(fresh).exists()
 
 
 def test_a_run_with_parts_outside_every_record_is_not_marked_complete(cluster, tmp_path):

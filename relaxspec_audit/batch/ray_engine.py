@@ -26,7 +26,10 @@ record last, so on the store too a chunk counts once its record exists.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+import shutil
+import socket
 import tempfile
 import time
 from collections import deque
@@ -43,7 +46,7 @@ from relaxspec_audit.batch.shards import (
     run_location,
 )
 from relaxspec_audit.collect.config import TARGET_ONLY, RunConfig
-from relaxspec_audit.collect.lease import LeaseHeldError, hold_runs
+from relaxspec_audit.collect.lease import LeaseHeldError, hold_runs, pid_alive
 from relaxspec_audit.collect.schema import LEASE_TIMEOUT_S, MANIFEST
 
 #: Torch threads per CPU actor when the caller does not say: two cores per pair keep a
@@ -55,6 +58,8 @@ MAX_RETRIES = 2
 LEASE_WAIT_S = 15.0
 #: Seconds an actor may take to start (placed, its process up) before it is given up.
 ACTOR_START_S = 120.0
+#: Name prefix of the local staging folders of steps on an object store (``_staging``).
+STAGING = "relaxspec-stage-"
 
 
 def _store(runs: Any) -> Any:
@@ -113,7 +118,7 @@ class ShardWorker:
         store = storage.parse_store(runs, options)
         if store.is_local:
             return self._run_shard(spec, store.root, self._committed, cost_table, commit_every)
-        with tempfile.TemporaryDirectory(prefix="relaxspec-shard-") as tmp:
+        with _staging("shard") as tmp:
             staging = Path(tmp)
             local_run = staging / spec.run_rel
             storage.pull_namespace(store, spec.run_rel, spec.writer, local_run)
@@ -181,6 +186,20 @@ class ShardWorker:
             return [p.relative_to(root).as_posix() for p in time_task(task, root)]
 
 
+def _staging(kind: str) -> tempfile.TemporaryDirectory:
+    """A fresh local staging folder for an object-store step, named for its host and PID.
+
+    A worker killed mid-shard never removes its folder (a shard's staging holds its parts
+    until pushed), so each new one first removes those of dead processes on this host.
+    """
+    host, root = socket.gethostname(), Path(tempfile.gettempdir())
+    for path in root.glob(f"{STAGING}{glob.escape(host)}-*"):
+        pid = path.name[len(f"{STAGING}{host}-") :].split("-", 1)[0]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+    return tempfile.TemporaryDirectory(prefix=f"{STAGING}{host}-{os.getpid()}-{kind}-")
+
+
 @contextlib.contextmanager
 def _synced(runs: str, options: Mapping[str, Any] | None, folder: str) -> Iterator[Path]:
     """A local runs root for a step that reads and writes ``<runs>/<folder>/``.
@@ -194,7 +213,7 @@ def _synced(runs: str, options: Mapping[str, Any] | None, folder: str) -> Iterat
     if store.is_local:
         yield store.root
         return
-    with tempfile.TemporaryDirectory(prefix="relaxspec-sync-") as tmp:
+    with _staging(folder) as tmp:
         root = Path(tmp)
         before = {}
         for name in storage.list_files(store, folder):

@@ -160,7 +160,7 @@ class Lease:
             tmp.unlink(missing_ok=True)
 
     def _stale(self, info: dict[str, Any]) -> bool:
-        if info.get("host") == socket.gethostname() and not _pid_alive(info.get("pid")):
+        if info.get("host") == socket.gethostname() and not pid_alive(info.get("pid")):
             return True
         beat = info.get("heartbeat")
         if not isinstance(beat, int | float):  # unreadable lease: judge by its age
@@ -245,7 +245,8 @@ def hold_runs(run_dirs: Iterable[Path], timeout_s: float = LEASE_TIMEOUT_S) -> I
         yield
 
 
-def _pid_alive(pid: Any) -> bool:
+def pid_alive(pid: Any) -> bool:
+    """Whether a process with this PID exists on this host."""
     if not isinstance(pid, int) or pid <= 0:
         return False
     try:
