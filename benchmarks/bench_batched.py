@@ -46,14 +46,16 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def run_once(pair, reqs, config: RunConfig, batch: int | None, device) -> tuple[float, int]:
+def run_once(
+    pair, reqs, config: RunConfig, batch: int | None, device, narrow: bool = True
+) -> tuple[float, int]:
     """(seconds, tokens) of decoding every request; ``batch`` None = one-request engine."""
     _sync(device)
     t = time.perf_counter()
     if batch is None:
         rows = [decode_request(pair, ids, config, rid, timing=False) for rid, ids in reqs]
     else:
-        rows = list(batched.decode_batched(pair, reqs, config, batch, timing=False))
+        rows = list(batched.decode_batched(pair, reqs, config, batch, timing=False, narrow=narrow))
     _sync(device)
     return time.perf_counter() - t, sum(r.request["n_tokens"] for r in rows)
 
@@ -105,6 +107,12 @@ def main() -> None:
         "graphs (collect.graphs), interleaved with the eager run",
     )
     ap.add_argument(
+        "--compare-narrow",
+        action="store_true",
+        help="also time each batched run without narrowing the batch as it drains "
+        "(BatchedEngine._narrow), interleaved with the default run",
+    )
+    ap.add_argument(
         "--hf-static",
         default="",
         help="comma list of batch sizes for transformers' static-cache generate, target-only "
@@ -142,6 +150,7 @@ def main() -> None:
             run_once(pair, reqs[:2], graphed, 2, device)  # warm-up (captures are per engine)
         per: dict[str, list[float]] = {"base": [], **{str(b): [] for b in sizes}}
         per.update({f"g{b}": [] for b in sizes} if graphed is not None else {})
+        per.update({f"w{b}": [] for b in sizes} if args.compare_narrow else {})
         for _ in range(args.repeats):
             s, n = run_once(pair, reqs, config, None, device)
             per["base"].append(n / s)
@@ -151,6 +160,9 @@ def main() -> None:
                 if graphed is not None:  # right after its eager twin: same machine state
                     s, n = run_once(pair, reqs, graphed, b, device)
                     per[f"g{b}"].append(n / s)
+                if args.compare_narrow:
+                    s, n = run_once(pair, reqs, config, b, device, narrow=False)
+                    per[f"w{b}"].append(n / s)
         results[mode] = {
             "base_tok_s": statistics.median(per["base"]),
             **{
@@ -163,6 +175,16 @@ def main() -> None:
                 for b in sizes
             },
         }
+        if args.compare_narrow:
+            results[mode]["narrow_off"] = {
+                f"b{b}": {
+                    "tok_s": statistics.median(per[f"w{b}"]),
+                    "narrowing_speedup": statistics.median(
+                        x / y for x, y in zip(per[str(b)], per[f"w{b}"], strict=True)
+                    ),
+                }
+                for b in sizes
+            }
         if graphed is not None:
             results[mode]["graphs"] = {
                 f"b{b}": {
@@ -212,6 +234,13 @@ def main() -> None:
                 for b in sizes
             )
             print(f"| {mode}, CUDA graphs | – | {cells} |")
+        if "narrow_off" in r:
+            w = r["narrow_off"]
+            cells = " | ".join(
+                f"{w[f'b{b}']['tok_s']:.0f} (narrowing {w[f'b{b}']['narrowing_speedup']:.2f}×)"
+                for b in sizes
+            )
+            print(f"| {mode}, never narrowed | – | {cells} |")
     print(f"\nlogging on/off at batch 8 (greedy spec.): {results['log_overhead_b8']:.3f}")
     for key, val in hf.items():
         shown = f"{val:.0f}" if isinstance(val, float) else val

@@ -162,6 +162,45 @@ def test_batched_logs_equal_one_request_logs_up_to_near_ties(pair, rule, params)
             assert_same_up_to_near_tie(one[rid], many[rid], config)
 
 
+@pytest.mark.parametrize(
+    "rule, params", [("exact", {}), ("asd", {"budget": 0.25}), ("target", {})], ids=str
+)
+def test_a_draining_batch_narrows_and_its_rows_keep_their_caches_and_ledgers(
+    pair, monkeypatch, rule, params
+):
+    """After the last request, the batch halves while at most half its rows are live: the
+    live rows beyond the new width move (K/V of both models, the ASD ledger) into free
+    rows. Their logs stay one-request logs up to near-ties; a row that moved without its
+    cache would attend to another request's keys, one without its ledger would log a wrong
+    ``spent`` (B = 0.25 binds on arith) and decide other exceptions."""
+    config = _cfg(rule, params=params)
+    reqs = _requests(pair, "arith", 8) + _requests(pair, "story", 4)
+    moves: list[list[int]] = []
+    move_rows = batched.FastLM.move_rows
+
+    def spy(self, src, dst):
+        moves.append(list(src))
+        move_rows(self, src, dst)
+
+    monkeypatch.setattr(batched.FastLM, "move_rows", spy)
+    engine = batched.BatchedEngine(pair, config, 8, max(len(ids) for _, ids in reqs))
+    many = {r.request_id: r for r in engine.run(reqs)}
+    widths = [8, *engine.widths]
+    assert len(widths) > 2 and widths == sorted(set(widths), reverse=True), widths
+    assert any(moves), moves  # some live row sat beyond a new width
+    one = {rid: decode_request(pair, ids, config, rid) for rid, ids in reqs}
+    if rule == "asd":  # the ledger bound somewhere: a lost one would show
+        assert any(c == "reject_budget" for r in one.values() for c in r.positions["cause"])
+    for rid in one:
+        assert_same_up_to_near_tie(one[rid], many[rid], config)
+    wide = {
+        r.request_id: r for r in batched.BatchedEngine(pair, config, 8, 64, narrow=False).run(reqs)
+    }
+    assert {rid: r.request["output_ids"] for rid, r in wide.items()} == {
+        rid: r.request["output_ids"] for rid, r in many.items()
+    }
+
+
 def test_sampling_mode_greedy_rules_and_temperature(pair):
     """Sampling at temperature 0.7 with top-p (the transform both models share)."""
     config = _cfg("nucleus", params={"theta": 0.9}, temperature=0.7, top_p=0.95)

@@ -2,13 +2,16 @@
 
 The speculative round of :mod:`relaxspec_audit.collect.engine`, for ``B`` rows at once
 over :class:`~relaxspec_audit.collect.fastmodel.FastLM`'s static KV caches (one for the
-target, one for the draft). Shapes never change: every row drafts ``K`` tokens and the
-target verifies ``[last emitted, x_1..x_K]`` (``K + 1`` slots) in one ``[B, K + 1]`` pass;
-an idle row pads every slot to the scratch position. A row's block still ends at its draft
+target, one for the draft). Shapes are fixed for a given width: every row drafts ``K``
+tokens and the target verifies ``[last emitted, x_1..x_K]`` (``K + 1`` slots) in one
+``[B, K + 1]`` pass; an idle row pads every slot to the scratch position. A row's block still ends at its draft
 EOS or its length limit: ``Block.lengths`` decides it exactly as the shorter block the
 one-request engine verifies (THEORY §2, property-tested), so the rows it logs are the same
 rows. Continuous batching: a row that finishes (EOS, length limit) is handed to the sink
-and refilled with the next request, whose prompt is prefilled in that row alone.
+and refilled with the next request; refilled rows are prefilled together. Once every
+request is admitted, the batch halves while at most half its rows are live (live rows
+move into the first slots, :meth:`BatchedEngine._narrow`), so a draining run's tail does
+not pay for idle rows.
 
 Cache invariant (per row, as in the one-request engine): between rounds the target cache
 holds every token of ``prompt + output`` but the last; the draft cache holds the same, or
@@ -149,7 +152,9 @@ class BatchedEngine:
     """Decode many requests of one run, ``batch_size`` rows at a time (continuous batching).
 
     Build once per run (it allocates the KV caches for ``max_prompt`` + ``max_new_tokens``)
-    and call :meth:`run`. Only for pairs :func:`fast_path_reason` accepts.
+    and call :meth:`run`. Only for pairs :func:`fast_path_reason` accepts. ``narrow``:
+    halve the batch while at most half its rows are live once every request has been
+    admitted (:meth:`_narrow`; off only to measure what it saves).
     """
 
     def __init__(
@@ -159,11 +164,14 @@ class BatchedEngine:
         batch_size: int,
         max_prompt: int,
         stops: StopStrings | None = None,
+        narrow: bool = True,
     ) -> None:
         reason = fast_path_reason(pair)
         if reason is not None:
             raise DecodeError(f"the batched engine cannot serve this pair: {reason}")
         self.pair, self.config, self.b, self.stops = pair, config, batch_size, stops
+        self.narrow = narrow
+        self.widths: list[int] = []  # the widths the batch narrowed to, in order
         self.k = 0 if config.rule == TARGET_ONLY else config.k
         # Positions a row can reach: prompt + output + the K drafts of the last round.
         self.s_max = max_prompt + config.max_new_tokens + self.k + 1
@@ -200,24 +208,62 @@ class BatchedEngine:
         """
         pending = iter(requests)
         rows: list[_Row | None] = [None] * self.b
+        drained = False  # every request admitted: free rows stay free from now on
         while True:
             # Inference mode only around the work, never across a `yield`: grad mode is
             # thread state, and a suspended (or abandoned) generator would leak it.
             with torch.inference_mode():
                 admitted = []
-                for slot in range(self.b):
-                    if rows[slot] is None:
+                for slot in range(len(rows)):
+                    if rows[slot] is None and not drained:
                         rows[slot] = self._admit(next(pending, None))
-                        if rows[slot] is not None:
+                        if rows[slot] is None:
+                            drained = True
+                        else:
                             admitted.append(slot)
                 if all(r is None for r in rows):
                     return
                 self._prefill(admitted, rows)
+                if drained and self.narrow:
+                    rows = self._narrow(rows)
                 finished = self._round(rows, timing) if self.k else self._step(rows, timing)
                 done = [self._finish(rows[slot]) for slot in finished]
             for slot in finished:
                 rows[slot] = None
             yield from done
+
+    def _narrow(self, rows: list[_Row | None]) -> list[_Row | None]:
+        """The batch halved while at most half its rows are live (after the last request).
+
+        A free row costs a busy one's compute (shapes are fixed), and as a run drains its
+        last rows finish at very different rounds (short answers beside long ones). So
+        the live rows beyond the new width move into its free rows (their K/V and rule
+        state with them) and the calls shrink to ``[w, ...]``: halving keeps the shapes
+        few (one CUDA-graph capture per width). A row's results move at the float
+        tolerance of any change of batch size, which the contract allows (THEORY §4).
+        """
+        live = [i for i, r in enumerate(rows) if r is not None]
+        w = len(rows)
+        while w > 1 and len(live) <= w // 2:
+            w //= 2
+        if w == len(rows):
+            return rows
+        src = [i for i in live if i >= w]
+        dst = [j for j in range(w) if rows[j] is None][: len(src)]
+        if src:
+            for model in (self.target, self.draft):
+                if model is not None:
+                    model.move_rows(src, dst)
+            for i, j in zip(src, dst, strict=True):
+                rows[j] = rows[i]
+            if self._state is not None:
+                index = torch.tensor(dst, device=self._state.device)
+                moved = self._state[torch.tensor(src, device=self._state.device)]
+                self._state = self._state.index_copy(0, index, moved)
+        if self._state is not None:
+            self._state = self._state[:w].clone()
+        self.widths.append(w)
+        return rows[:w]
 
     def _prefill(self, slots: list[int], rows: list[_Row | None]) -> None:
         """Prefill the prompts of the rows just admitted, all in one padded pass per model.
@@ -291,7 +337,7 @@ class BatchedEngine:
 
     def _round(self, rows: list[_Row | None], timing: bool) -> list[int]:
         """One round for every row; returns the slots whose request finished."""
-        cfg, dev, v, k, b = self.config, self.pair.device, self.pair.vocab_size, self.k, self.b
+        cfg, dev, v, k, b = self.config, self.pair.device, self.pair.vocab_size, self.k, len(rows)
         scratch = self.s_max
         timer = _Timer(dev, timing)
         live = [i for i, r in enumerate(rows) if r is not None]
@@ -440,7 +486,7 @@ class BatchedEngine:
 
     def _step(self, rows: list[_Row | None], timing: bool) -> list[int]:
         """One target-only token for every row; returns the slots whose request finished."""
-        cfg, dev, v, b = self.config, self.pair.device, self.pair.vocab_size, self.b
+        cfg, dev, v, b = self.config, self.pair.device, self.pair.vocab_size, len(rows)
         timer = _Timer(dev, timing)
         live = [i for i, r in enumerate(rows) if r is not None]
         ids = np.zeros((b, 1), dtype=np.int64)
@@ -495,6 +541,7 @@ def decode_batched(
     timing: bool = True,
     on_start: Callable[[dict[str, Any]], None] | None = None,
     stops: StopStrings | None = None,
+    narrow: bool = True,
 ) -> Iterator[RequestRows]:
     """Decode ``requests`` batched; yield each one's rows as it finishes.
 
@@ -507,11 +554,13 @@ def decode_batched(
         on_start: called once, before decoding, with ``{"engine", "batch_size",
             "max_seq_len", "kv_cache_bytes"}``.
         stops: the task's decode-time stop strings.
+        narrow: halve the batch as it drains (:meth:`BatchedEngine._narrow`).
     """
     if not requests:
         return
     b = resolve_batch_size(batch_size, pair.device, len(requests))
-    engine = BatchedEngine(pair, config, b, max(len(ids) for _, ids in requests), stops)
+    longest = max(len(ids) for _, ids in requests)
+    engine = BatchedEngine(pair, config, b, longest, stops, narrow=narrow)
     if on_start is not None:
         on_start(engine_info(engine))
     yield from engine.run(requests, timing=timing)

@@ -256,6 +256,15 @@ class FastLM(nn.Module):
         self.cos, self.sin = emb.cos().to(w.dtype), emb.sin().to(w.dtype)  # [S+1, D] each
         return self.cache_bytes(batch_size, max_seq_len)
 
+    def move_rows(self, src: list[int], dst: list[int]) -> None:
+        """Copy the K/V of cache rows ``src`` into rows ``dst`` (every layer, every slot)."""
+        if self.k_cache is None:
+            raise RuntimeError("call setup_cache first")
+        s = torch.tensor(src, dtype=torch.long, device=self.k_cache.device)  # [n]
+        d = torch.tensor(dst, dtype=torch.long, device=self.k_cache.device)  # [n]
+        for cache in (self.k_cache, self.v_cache):  # [L, B, Hkv, S_max + 1, D]
+            cache.index_copy_(1, d, cache.index_select(1, s))
+
     @torch.no_grad()
     def forward(
         self,
@@ -267,10 +276,12 @@ class FastLM(nn.Module):
         """Logits of ``ids`` at per-row positions, writing their K/V into the cache.
 
         Args:
-            ids: ``[B, T]`` token ids (any valid id in padded slots).
+            ids: ``[B, T]`` token ids (any valid id in padded slots); ``[b, T]`` with
+                ``b < B`` and no ``rows`` is for cache rows ``0 .. b-1`` (a batch narrowed
+                after its last request, :meth:`move_rows`).
             input_pos: ``[B, T]`` positions, contiguous per row for the real slots; the
                 scratch position ``S_max`` in padded slots.
-            rows: ``[b]`` cache rows that ``ids`` are for (None: all ``B``, in order).
+            rows: ``[b]`` cache rows that ``ids`` are for (None: rows ``0 .. b-1``).
                 Prefilling a new request in one row costs that row alone, not ``B`` rows.
             keep: only the last ``keep`` positions get logits (None: all ``T``); a
                 prefill needs none or one, and ``[T, V]`` logits of a long prompt are large.
@@ -289,8 +300,8 @@ class FastLM(nn.Module):
         key_pos = torch.arange(slots - 1, device=ids.device)  # [S_max], never the scratch slot
         mask = key_pos[None, None, None, :] <= input_pos[:, None, :, None]  # [B, 1, T, S_max]
         for i, block in enumerate(self.blocks):
-            if rows is None:
-                x = block(x, cos, sin, self.k_cache[i], self.v_cache[i], write_idx, mask)
+            if rows is None:  # rows 0 .. b-1: a view, so a narrowed batch writes in place
+                x = block(x, cos, sin, self.k_cache[i][:b], self.v_cache[i][:b], write_idx, mask)
             else:  # a copy of the rows' cache, written back after the layer
                 kc, vc = self.k_cache[i][rows], self.v_cache[i][rows]  # [b, Hkv, S+1, D]
                 x = block(x, cos, sin, kc, vc, write_idx, mask)  # [b, T, E]
