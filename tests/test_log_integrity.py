@@ -456,6 +456,10 @@ def test_an_owner_that_died_is_taken_over_and_a_refused_new_run_leaves_no_folder
     with pytest.raises(DecodeError, match="no tokenizer found"):
         collect(other, out)
     assert not other.run_dir(out).exists()
+    fresh = tmp_path / "fresh"  # nor the runs root and run parents it had to create
+    with pytest.raises(DecodeError, match="no tokenizer found"):
+        collect(other, fresh)
+    assert not fresh.exists()
 
 
 def test_unchanged_inputs_resume(tmp_path, monkeypatch):

@@ -209,14 +209,15 @@ class Lease:
 def hold_run(run_dir: Path, timeout_s: float = LEASE_TIMEOUT_S) -> Iterator[Lease]:
     """Own a run folder for the block: its ``.lease.json`` (see the module docstring).
 
-    Creates the folder if needed, and removes it again on exit if this call created it and
-    it is still empty, so a collect refused for bad input leaves no trace.
+    Creates the folder (and its missing parents) if needed, and removes on exit those of
+    them that this call created and that are still empty, so a collect refused for bad
+    input leaves no trace, not even ``runs/``.
 
     Raises:
         LeaseHeldError: another live collect or batch owns the run (folder and holder named).
     """
     run_dir = Path(run_dir)
-    created = not run_dir.exists()
+    created = [d for d in (run_dir, *run_dir.parents) if not d.exists()]  # deepest first
     run_dir.mkdir(parents=True, exist_ok=True)
     lease = Lease(run_dir, "owner", timeout_s, name=OWNER_LEASE)
     try:
@@ -226,9 +227,11 @@ def hold_run(run_dir: Path, timeout_s: float = LEASE_TIMEOUT_S) -> Iterator[Leas
         finally:
             lease.release()
     finally:
-        if created:
-            with contextlib.suppress(OSError):  # not empty, or gone: nothing to tidy
-                run_dir.rmdir()
+        for folder in created:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (the run was written), or gone: keep the rest
+                break
 
 
 @contextlib.contextmanager
