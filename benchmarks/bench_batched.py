@@ -8,6 +8,11 @@ each ratio is the median over repeats of (batched tokens/s) / (baseline tokens/s
 logging on / off wall-time ratio of greedy speculative at batch 8. Prints a markdown table,
 the prompt lengths and the machine (with its load average before and after).
 
+Each batched configuration is one engine, built and run once untimed (allocation, CUDA-graph
+capture of every width it narrows to: reported apart as ``first_run_s``), then timed on
+the same engine, as a server would run it. ``--json`` is rewritten after every section, so
+a run stopped by a timeout keeps what it measured.
+
     python benchmarks/bench_batched.py [--pair auto] [--prompts 32] [--batch-sizes 1,4,8,16]
     python benchmarks/bench_batched.py --target T --draft D --dtype float32 --threads 2
 """
@@ -46,42 +51,84 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def run_once(
-    pair, reqs, config: RunConfig, batch: int | None, device, narrow: bool = True
-) -> tuple[float, int]:
-    """(seconds, tokens) of decoding every request; ``batch`` None = one-request engine."""
+def _timed(fn, device) -> tuple[float, list]:
     _sync(device)
     t = time.perf_counter()
-    if batch is None:
-        rows = [decode_request(pair, ids, config, rid, timing=False) for rid, ids in reqs]
-    else:
-        rows = list(batched.decode_batched(pair, reqs, config, batch, timing=False, narrow=narrow))
+    rows = fn()
     _sync(device)
-    return time.perf_counter() - t, sum(r.request["n_tokens"] for r in rows)
+    return time.perf_counter() - t, rows
 
 
-def hf_generate(pair, prompts, batch: int, new: int, device, compiled: bool) -> float:
-    """tokens/s of transformers' greedy ``generate`` with its static cache, ``batch`` rows.
+def baseline(pair, reqs, config: RunConfig) -> list:
+    """The one-request engine over ``reqs`` (the batch-1 baseline)."""
+    return [decode_request(pair, ids, config, rid, timing=False) for rid, ids in reqs]
 
-    Equal-length prompts only (the random pairs' prompts), so rows stack without padding;
-    ``compiled`` wraps the forward in ``torch.compile(mode="reduce-overhead")`` (CUDA
-    graphs), the configuration transformers documents for fast static-cache decoding. The
-    first call (compilation, graph capture) is not timed.
+
+class Engine:
+    """One batched engine, reused across repeats; its first run is untimed set-up."""
+
+    def __init__(self, pair, reqs, config: RunConfig, batch: int, device, narrow: bool = True):
+        b = batched.resolve_batch_size(batch, device, len(reqs))
+        longest = max(len(ids) for _, ids in reqs)
+        self.reqs, self.device = reqs, device
+        self.engine = batched.BatchedEngine(pair, config, b, longest, narrow=narrow)
+        self.first_run_s, self.first_rows = _timed(self._decode, device)
+
+    def _decode(self) -> list:
+        return sorted(self.engine.run(self.reqs, timing=False), key=lambda r: r.request_id)
+
+    def run(self) -> tuple[float, list]:
+        """(seconds, rows) of one timed pass over every request."""
+        return _timed(self._decode, self.device)
+
+
+def _tokens(rows) -> int:
+    return sum(r.request["n_tokens"] for r in rows)
+
+
+def _same_outputs(a, b) -> float:
+    """Share of requests whose output ids are identical in two passes."""
+    return sum(
+        x.request["output_ids"] == y.request["output_ids"] for x, y in zip(a, b, strict=True)
+    ) / max(len(a), 1)
+
+
+def _median_ratio(num: list[float], den: list[float]) -> float:
+    return statistics.median(x / y for x, y in zip(num, den, strict=True))
+
+
+def _cell(per: dict, engines: dict, key: str, ref: str) -> dict:
+    """One variant's median tokens/s, its median ratio to ``ref`` and its set-up."""
+    return {
+        "tok_s": statistics.median(per[key]),
+        "ratio": _median_ratio(per[key], per[ref]),
+        "first_run_s": engines[key].first_run_s,
+        "width_history": engines[key].engine.widths,
+    }
+
+
+def hf_generate(pair, prompts, batch: int, new: int, device, compiled: bool) -> dict:
+    """transformers' greedy ``generate`` with its static cache, ``batch`` rows.
+
+    Equal-length prompts only (the random pairs' prompts), so rows stack without padding.
+    ``compiled``: transformers' own automatic compile of the forward for a static cache
+    (``torch.compile(mode="reduce-overhead")``, CUDA graphs; it compiles on CUDA only);
+    otherwise eager (``disable_compile=True``, which transformers ≥ 5 otherwise ignores
+    on CUDA, compiling anyway). The first call (compilation, capture) is timed apart.
     """
-    model = pair.target
-    if compiled and not getattr(model, "_bench_compiled", False):
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-        model._bench_compiled = True
+    from transformers import CompileConfig
+
     rows = (prompts * ((batch + len(prompts) - 1) // len(prompts)))[:batch]
     ids = torch.tensor(rows, device=device)  # [B, L]
     kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False,
               cache_implementation="static", pad_token_id=0)  # fmt: skip
-    model.generate(ids, **kw)  # warm-up: compile, capture
-    _sync(device)
-    t = time.perf_counter()
-    model.generate(ids, **kw)
-    _sync(device)
-    return batch * new / (time.perf_counter() - t)
+    if compiled:
+        kw["compile_config"] = CompileConfig(fullgraph=True, mode="reduce-overhead")
+    else:
+        kw["disable_compile"] = True
+    first, _ = _timed(lambda: pair.target.generate(ids, **kw), device)
+    s, _ = _timed(lambda: pair.target.generate(ids, **kw), device)
+    return {"tok_s": batch * new / s, "first_call_s": first}
 
 
 def main() -> None:
@@ -91,10 +138,21 @@ def main() -> None:
     ap.add_argument("--draft", help="draft model path")
     ap.add_argument("--task", default="arith", help="bundled task of the embedded prompts")
     ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument(
+        "--baseline-prompts",
+        type=int,
+        default=None,
+        help="decode only the first N prompts with the one-request engine (its tokens/s "
+        "does not depend on how many; default: all)",
+    )
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--batch-sizes", default="1,4,8,16")
-    ap.add_argument("--modes", default=",".join(MODES), help="comma list of " + ", ".join(MODES))
+    ap.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help="comma list of " + ", ".join(MODES) + ' ("": only --hf-static)',
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
@@ -118,6 +176,12 @@ def main() -> None:
         help="comma list of batch sizes for transformers' static-cache generate, target-only "
         "greedy, eager then compiled (equal-length prompts: the random pairs)",
     )
+    ap.add_argument(
+        "--log-overhead",
+        type=int,
+        default=8,
+        help="batch size of the logging on/off ratio, greedy speculative (0: skip)",
+    )
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -136,93 +200,94 @@ def main() -> None:
     prompts = prompts_for(name, pair, args.prompts, task=args.task)  # a task's, for paths too
     name = f"{args.target} / {args.draft}" if paths else name
     reqs = [(f"bench-{i:04d}", ids) for i, ids in enumerate(prompts)]
+    base_reqs = reqs[: args.baseline_prompts] if args.baseline_prompts else reqs
     sizes = [int(b) for b in args.batch_sizes.split(",")]
-    modes = [m.strip() for m in args.modes.split(",")]
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]  # "": transformers only
     load_before = os.getloadavg()
+    lens = [len(p) for p in prompts]
+    setup = (f"pair {name}, {device} {str(dtype).removeprefix('torch.')}, {args.threads} "
+             f"thread(s); {len(prompts)} prompts of {min(lens)}-{max(lens)} tokens (mean "
+             f"{sum(lens) / len(lens):.0f}), baseline on {len(base_reqs)}, K = {args.k}, "
+             f"{args.max_new_tokens} new tokens, {args.repeats} repeats")  # fmt: skip
+    print(setup, flush=True)
     base = dict(k=args.k, max_new_tokens=args.max_new_tokens, device=str(device))
-    results: dict[str, dict] = {}
+    results: dict[str, object] = {"setup": setup}
+
+    def save() -> None:  # after every section: a timeout keeps what was measured
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2))
+
     for mode in modes:
         config = RunConfig(**base, **MODES[mode])
-        run_once(pair, reqs[:2], config, None, device)  # warm-up
-        run_once(pair, reqs[:2], config, 2, device)
-        graphed = RunConfig(**base, **MODES[mode], cuda_graphs=True) if args.cuda_graphs else None
-        if graphed is not None:
-            run_once(pair, reqs[:2], graphed, 2, device)  # warm-up (captures are per engine)
-        per: dict[str, list[float]] = {"base": [], **{str(b): [] for b in sizes}}
-        per.update({f"g{b}": [] for b in sizes} if graphed is not None else {})
-        per.update({f"w{b}": [] for b in sizes} if args.compare_narrow else {})
-        for _ in range(args.repeats):
-            s, n = run_once(pair, reqs, config, None, device)
-            per["base"].append(n / s)
-            for b in sizes:
-                s, n = run_once(pair, reqs, config, b, device)
-                per[str(b)].append(n / s)
-                if graphed is not None:  # right after its eager twin: same machine state
-                    s, n = run_once(pair, reqs, graphed, b, device)
-                    per[f"g{b}"].append(n / s)
-                if args.compare_narrow:
-                    s, n = run_once(pair, reqs, config, b, device, narrow=False)
-                    per[f"w{b}"].append(n / s)
-        results[mode] = {
-            "base_tok_s": statistics.median(per["base"]),
-            **{
-                f"b{b}": {
-                    "tok_s": statistics.median(per[str(b)]),
-                    "ratio": statistics.median(
-                        x / y for x, y in zip(per[str(b)], per["base"], strict=True)
-                    ),
-                }
-                for b in sizes
-            },
-        }
+        baseline(pair, base_reqs[:2], config)  # warm-up
+        variants = {str(b): (config, b, True) for b in sizes}
+        if args.cuda_graphs:
+            graphed = RunConfig(**base, **MODES[mode], cuda_graphs=True)
+            variants.update({f"g{b}": (graphed, b, True) for b in sizes})
         if args.compare_narrow:
-            results[mode]["narrow_off"] = {
+            variants.update({f"w{b}": (config, b, False) for b in sizes})
+        engines = {
+            key: Engine(pair, reqs, c, b, device, narrow=n) for key, (c, b, n) in variants.items()
+        }
+        per: dict[str, list[float]] = {"base": [], **{key: [] for key in engines}}
+        last: dict[str, list] = {}
+        for _ in range(args.repeats):  # interleaved: each variant right after the others
+            s, rows = _timed(lambda c=config: baseline(pair, base_reqs, c), device)
+            per["base"].append(_tokens(rows) / s)
+            for key, engine in engines.items():
+                s, last[key] = engine.run()
+                per[key].append(_tokens(last[key]) / s)
+        r: dict[str, object] = {"base_tok_s": statistics.median(per["base"])}
+        r.update({f"b{b}": _cell(per, engines, str(b), "base") for b in sizes})
+        if args.cuda_graphs:  # against the eager twin; greedy outputs should agree
+            r["graphs"] = {
                 f"b{b}": {
-                    "tok_s": statistics.median(per[f"w{b}"]),
-                    "narrowing_speedup": statistics.median(
-                        x / y for x, y in zip(per[str(b)], per[f"w{b}"], strict=True)
-                    ),
+                    **_cell(per, engines, f"g{b}", str(b)),
+                    "same_outputs_as_eager": _same_outputs(last[f"g{b}"], last[str(b)]),
                 }
                 for b in sizes
             }
-        if graphed is not None:
-            results[mode]["graphs"] = {
+        if args.compare_narrow:  # the narrowed engine over the never-narrowed twin
+            r["narrow_off"] = {
                 f"b{b}": {
-                    "tok_s": statistics.median(per[f"g{b}"]),
-                    "ratio_vs_eager": statistics.median(
-                        x / y for x, y in zip(per[f"g{b}"], per[str(b)], strict=True)
-                    ),
+                    **_cell(per, engines, f"w{b}", "base"),
+                    "narrowing_speedup": _median_ratio(per[str(b)], per[f"w{b}"]),
                 }
                 for b in sizes
             }
-    # Logging on / off at batch 8, greedy speculative (interleaved).
-    on_off = []
-    cfg_on = RunConfig(**base, **MODES["greedy spec."])
-    cfg_off = RunConfig(**base, **MODES["greedy spec."], log_positions=False)
-    for _ in range(args.repeats):
-        on, _ = run_once(pair, reqs, cfg_on, 8, device)
-        off, _ = run_once(pair, reqs, cfg_off, 8, device)
-        on_off.append(on / off)
-    results["log_overhead_b8"] = statistics.median(on_off)
+        results[mode] = r
+        engines.clear()  # free their KV caches and graphs before the next mode
+        cells = " | ".join(f"{r[f'b{b}']['tok_s']:.0f} ({r[f'b{b}']['ratio']:.2f}×)" for b in sizes)
+        print(f"| {mode} | {r['base_tok_s']:.0f} | {cells} |", flush=True)
+        save()
 
-    hf: dict[str, float | str] = {}
-    for compiled in (False, True):  # eager first: compiling replaces the model's forward
+    if args.log_overhead and "greedy spec." in modes:
+        on_off = []
+        cfg_on = RunConfig(**base, **MODES["greedy spec."])
+        cfg_off = RunConfig(**base, **MODES["greedy spec."], log_positions=False)
+        on = Engine(pair, reqs, cfg_on, args.log_overhead, device)
+        off = Engine(pair, reqs, cfg_off, args.log_overhead, device)
+        for _ in range(args.repeats):
+            on_off.append(on.run()[0] / off.run()[0])
+        results[f"log_overhead_b{args.log_overhead}"] = statistics.median(on_off)
+        save()
+
+    hf: dict[str, object] = {}
+    results["hf_static_generate"] = hf
+    for compiled in (False, True):
         for b in [int(x) for x in args.hf_static.split(",") if x]:
-            name_hf = f"b{b}_{'compiled' if compiled else 'eager'}"
+            key = f"b{b}_{'compiled' if compiled else 'eager'}"
             try:
-                hf[name_hf] = hf_generate(pair, prompts, b, args.max_new_tokens, device, compiled)
+                hf[key] = hf_generate(pair, prompts, b, args.max_new_tokens, device, compiled)
             except Exception as exc:  # report, do not lose the other numbers
-                hf[name_hf] = f"{type(exc).__name__}: {exc}"[:200]
-    results["hf_static_generate_tok_s"] = hf
+                hf[key] = f"{type(exc).__name__}: {exc}"[:300]
+            save()
 
-    lens = [len(p) for p in prompts]
-    print(f"pair {name}, {device} {str(dtype).removeprefix('torch.')}, {args.threads} thread(s); "
-          f"{len(prompts)} prompts of {min(lens)}-{max(lens)} tokens (mean "
-          f"{sum(lens) / len(lens):.0f}), K = {args.k}, {args.max_new_tokens} new tokens, "
-          f"{args.repeats} repeats")  # fmt: skip
+    print(f"\n{setup}")
     head = " | ".join(f"B={b} tok/s (× batch-1 engine)" for b in sizes)
-    print(f"\n| mode | batch-1 engine tok/s | {head} |")
-    print("| --- | ---: |" + " ---: |" * len(sizes))
+    if modes:
+        print(f"\n| mode | batch-1 engine tok/s | {head} |")
+        print("| --- | ---: |" + " ---: |" * len(sizes))
     for mode in modes:
         r = results[mode]
         cells = " | ".join(f"{r[f'b{b}']['tok_s']:.0f} ({r[f'b{b}']['ratio']:.2f}×)" for b in sizes)
@@ -230,7 +295,8 @@ def main() -> None:
         if "graphs" in r:
             g = r["graphs"]
             cells = " | ".join(
-                f"{g[f'b{b}']['tok_s']:.0f} ({g[f'b{b}']['ratio_vs_eager']:.2f}× eager)"
+                f"{g[f'b{b}']['tok_s']:.0f} ({g[f'b{b}']['ratio']:.2f}× eager, "
+                f"{g[f'b{b}']['same_outputs_as_eager']:.0%} same)"
                 for b in sizes
             )
             print(f"| {mode}, CUDA graphs | – | {cells} |")
@@ -241,16 +307,20 @@ def main() -> None:
                 for b in sizes
             )
             print(f"| {mode}, never narrowed | – | {cells} |")
-    print(f"\nlogging on/off at batch 8 (greedy spec.): {results['log_overhead_b8']:.3f}")
+    for key, val in results.items():
+        if key.startswith("log_overhead"):
+            print(f"\nlogging on/off at batch {key.removeprefix('log_overhead_b')} "
+                  f"(greedy spec.): {val:.3f}")  # fmt: skip
     for key, val in hf.items():
-        shown = f"{val:.0f}" if isinstance(val, float) else val
-        print(f"transformers static-cache generate, {key}: {shown} tok/s")
+        shown = (f"{val['tok_s']:.0f} tok/s (first call {val['first_call_s']:.1f} s)"
+                 if isinstance(val, dict) else val)  # fmt: skip
+        print(f"transformers static-cache generate, {key}: {shown}")
     load_after = os.getloadavg()
     machine = (f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}, "
                f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")  # fmt: skip
     print(f"machine: {machine}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"results": results, "machine": machine}, indent=2))
+    results["machine"] = machine
+    save()
 
 
 if __name__ == "__main__":

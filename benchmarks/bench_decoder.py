@@ -6,8 +6,9 @@
 (c) this decoder target-only / ``model.generate``, tokens/s, greedy         (target >= 1.0)
 
 Methods are interleaved prompt by prompt (so background load hits all of them alike) and the
-whole pass is repeated; each ratio is the median over repeats. Greedy outputs of the four
-greedy methods are checked to be identical. Prints a markdown table and the machine.
+whole pass is repeated; each ratio is the median over repeats. Greedy outputs are compared
+with transformers' greedy ``generate`` (the share of tokens before the first difference:
+bf16 kernels may flip a near-tie). Prints a markdown table and the machine.
 
 Pairs: ``embedded`` (data/models/arith, when built), ``random-cpu`` (random-weight Llama,
 ~25M-param target, 1-layer draft sharing its embeddings), ``random-1b`` (~1.1B target,
@@ -171,6 +172,16 @@ def roofline(pair, device: torch.device, k: int, context: int = 128) -> dict:
     }
 
 
+def _agreement(a: list[list[int]], b: list[list[int]]) -> float:
+    """Share of tokens of ``b`` that ``a`` matches before its first difference, per prompt."""
+    same = total = 0
+    for x, y in zip(a, b, strict=True):
+        pairs = enumerate(zip(x, y, strict=False))
+        same += next((i for i, (u, v) in pairs if u != v), min(len(x), len(y)))
+        total += len(y)
+    return same / max(total, 1)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -200,6 +211,11 @@ def main() -> None:
     ap.add_argument(
         "--roofline", action="store_true", help="also time one target pass vs the bandwidth bound"
     )
+    ap.add_argument(
+        "--roofline-only",
+        action="store_true",
+        help="only the roofline (seconds, not minutes: gpu.sh runs it before the rest)",
+    )
     args = ap.parse_args()
     device = collect.resolve_device(args.device)
     threads = args.threads if args.threads is not None else (1 if device.type == "cpu" else 0)
@@ -208,6 +224,14 @@ def main() -> None:
     dtype = collect.resolve_dtype(args.dtype, device)
     paths = (args.target, args.draft) if args.target and args.draft else None
     pair_name, pair = load(args.pair, device, dtype, paths)
+    if args.roofline_only:
+        roof = roofline(pair, device, args.k)
+        print("| roofline (target, one pass) | value |\n| --- | ---: |")
+        for key, val in roof.items():
+            print(f"| {key} | {val:.4g} |")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"pair": pair_name, "roofline": roof}, indent=2))
+        return
     prompts = prompts_for(pair_name, pair, args.prompts, task=args.task)
     k, n_new = args.k, args.max_new_tokens
     base = {"task": "bench", "target": "t", "draft": "d", "k": k, "max_new_tokens": n_new}
@@ -303,8 +327,10 @@ def main() -> None:
             times[name].append(rep_t[name])
     greedy = ["spec greedy, log on", "spec greedy, log off", "target-only (ours)"]
     greedy += ["target-only (ours), log on", "HF generate"]
-    identical = all(outputs[g] == outputs["HF generate"] for g in greedy)
-    identical_assisted = outputs["HF assisted generate"] == outputs["HF generate"]
+    # In bf16 the verify pass ([1, K+1] rows) and generate's one-token steps run different
+    # kernels, so a near-tie argmax may flip: report how much agrees, not just whether all.
+    agree = {g: _agreement(outputs[g], outputs["HF generate"]) for g in greedy}
+    agree_assisted = _agreement(outputs["HF assisted generate"], outputs["HF generate"])
     tps = {n: tokens[n] / statistics.median(times[n]) for n in methods}
 
     def ratio(num: str, den: str, per_token: bool = True) -> float:
@@ -347,8 +373,10 @@ def main() -> None:
     print(f"target {n_t / 1e6:.1f}M params, draft {n_d / 1e6:.1f}M, V={pair.vocab_size}, K={k},")
     source = f"`{args.task}` " if pair_name == "embedded" else ""
     print(f"{len(prompts)} {source}prompts x {n_new} new tokens, {args.repeats} repeats (median),")
-    print(f"greedy mean tau {tau:.2f}; greedy outputs identical across ours/HF: {identical}")
-    print(f"(HF assisted identical to HF greedy: {identical_assisted})\n")
+    shown = ", ".join(f"{g} {v:.0%}" for g, v in agree.items() if g != "HF generate")
+    print(f"greedy mean tau {tau:.2f}; tokens agreeing with HF greedy before the first "
+          f"difference, per method: {shown}")  # fmt: skip
+    print(f"(HF assisted: {agree_assisted:.0%})\n")
     print("| method | tokens/s | target passes / token | draft passes / token |")
     print("| --- | ---: | ---: | ---: |")
     for n in methods:
@@ -378,7 +406,7 @@ def main() -> None:
             "passes_per_token": fwd,
             "ratios": results,
             "tau_greedy": tau,
-            "greedy_identical": identical,
+            "greedy_agreement": agree,
             "machine": machine,
             "roofline": roof,
         }

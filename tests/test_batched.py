@@ -201,6 +201,38 @@ def test_a_draining_batch_narrows_and_its_rows_keep_their_caches_and_ledgers(
     }
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run benchmarks/gpu.sh)")
+@pytest.mark.parametrize("which", ["embedded", "tiny_llama"])
+def test_cuda_batched_logs_equal_one_request_logs_up_to_near_ties(which, request):
+    """The batching contract on CUDA (float32), for the embedded pair and a grouped-query
+    pair (``enable_gqa``, as the GPU benchmarks' model), greedy and exact, with refills
+    and narrowing at batch 5; graph replay must then log the eager engine's outputs."""
+    import copy
+
+    if which == "embedded":
+        cuda = collect.load_pair(
+            str(EMBEDDED_DIR / "target"), str(EMBEDDED_DIR / "draft"), "cuda", "float32"
+        )
+        reqs = _requests(cuda, "arith", 8) + _requests(cuda, "story", 4)
+    else:
+        tiny = request.getfixturevalue("tiny_llama_pair")
+        target = copy.deepcopy(tiny.target).to("cuda")
+        draft = copy.deepcopy(tiny.draft).to("cuda")
+        cuda = collect.make_pair(target, draft, tiny.tokenizer)
+        gen = torch.Generator().manual_seed(11)
+        reqs = [(f"r{i}", torch.randint(3, 60, (3 + i,), generator=gen).tolist()) for i in range(9)]
+    for rule in ("greedy", "exact"):
+        config = _cfg(rule, device="cuda")
+        one = {rid: decode_request(cuda, ids, config, rid) for rid, ids in reqs}
+        many = {r.request_id: r for r in batched.decode_batched(cuda, reqs, config, 5)}
+        for rid in one:
+            assert_same_up_to_near_tie(one[rid], many[rid], config)
+        graphed = RunConfig(**{**config.to_dict(), "cuda_graphs": True})
+        replayed = {r.request_id: r for r in batched.decode_batched(cuda, reqs, graphed, 5)}
+        for rid, rows in many.items():
+            assert rows.request["output_ids"] == replayed[rid].request["output_ids"], (rule, rid)
+
+
 def test_sampling_mode_greedy_rules_and_temperature(pair):
     """Sampling at temperature 0.7 with top-p (the transform both models share)."""
     config = _cfg("nucleus", params={"theta": 0.9}, temperature=0.7, top_p=0.95)
@@ -314,6 +346,7 @@ def test_other_causal_lms_take_the_generic_path_and_the_manifest_says_so(pair, t
     engine = logs.read_manifest(fast)["engine"]
     assert engine["engine"] == "static" and engine["batch_size"] == 2  # 2 requests only
     assert engine["kv_cache_bytes"] == batched.kv_bytes(pair, 2, engine["max_seq_len"])
+    assert engine["narrowing"] is True and engine["cuda_graphs"] is False
 
 
 def test_batch_size_is_a_run_option_outside_the_run_id():

@@ -4,14 +4,14 @@ The speculative round of :mod:`relaxspec_audit.collect.engine`, for ``B`` rows a
 over :class:`~relaxspec_audit.collect.fastmodel.FastLM`'s static KV caches (one for the
 target, one for the draft). Shapes are fixed for a given width: every row drafts ``K``
 tokens and the target verifies ``[last emitted, x_1..x_K]`` (``K + 1`` slots) in one
-``[B, K + 1]`` pass; an idle row pads every slot to the scratch position. A row's block still ends at its draft
-EOS or its length limit: ``Block.lengths`` decides it exactly as the shorter block the
-one-request engine verifies (THEORY §2, property-tested), so the rows it logs are the same
-rows. Continuous batching: a row that finishes (EOS, length limit) is handed to the sink
-and refilled with the next request; refilled rows are prefilled together. Once every
-request is admitted, the batch halves while at most half its rows are live (live rows
-move into the first slots, :meth:`BatchedEngine._narrow`), so a draining run's tail does
-not pay for idle rows.
+``[B, K + 1]`` pass; an idle row pads every slot to the scratch position. A row's block
+still ends at its draft EOS or its length limit: ``Block.lengths`` decides it exactly as
+the shorter block the one-request engine verifies (THEORY §2, property-tested), so the rows
+it logs are the same rows. Continuous batching: a row that finishes (EOS, length limit) is
+handed to the sink and refilled with the next request; refilled rows are prefilled
+together. Once every request is admitted, the batch halves while at most half its rows are
+live (live rows move into the first slots, :meth:`BatchedEngine._narrow`), so a draining
+run's tail does not pay for idle rows.
 
 Cache invariant (per row, as in the one-request engine): between rounds the target cache
 holds every token of ``prompt + output`` but the last; the draft cache holds the same, or
@@ -208,6 +208,9 @@ class BatchedEngine:
         """
         pending = iter(requests)
         rows: list[_Row | None] = [None] * self.b
+        # An engine serves run after run (its caches and graphs kept): only the rows'
+        # rule state and the narrowing record are per run.
+        self._state, self.widths = None, []
         drained = False  # every request admitted: free rows stay free from now on
         while True:
             # Inference mode only around the work, never across a `yield`: grad mode is
@@ -574,4 +577,5 @@ def engine_info(engine: BatchedEngine) -> dict[str, Any]:
         "max_seq_len": engine.s_max,
         "kv_cache_bytes": engine.kv_bytes,
         "cuda_graphs": engine.graphs,
+        "narrowing": engine.narrow,
     }
