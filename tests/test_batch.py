@@ -82,10 +82,21 @@ def write_fixture_run(config: RunConfig, runs_dir: Path, n_requests: int = 6) ->
 
 
 def fake_collect(
-    config_json: str, runs_dir: str, threads: int, cost_table: dict | None = None
+    config_json: str,
+    runs_dir: str,
+    threads: int,
+    cost_table: dict | None = None,
+    owner: str | None = None,
 ) -> tuple[str, str | None]:
-    """Stand-in for ``batch.runner._collect_one`` that writes a fixture run instead of decoding."""
+    """Stand-in for ``batch.runner._collect_one`` that writes a fixture run instead of decoding.
+
+    A batch owns its runs (``owner``, its lease's token): the stand-in checks it still does.
+    """
+    from relaxspec_audit.collect.lease import check_owner
+
     config = RunConfig.from_json(config_json)
+    if owner is not None:
+        check_owner(config.run_dir(runs_dir), owner)
     if getattr(config.params, "budget", None) == 99.0:  # a shard that fails, for the error path
         return str(config.run_dir(runs_dir)), "RuntimeError: fixture collect failure"
     return str(write_fixture_run(config, Path(runs_dir))), None
@@ -426,6 +437,48 @@ def test_bad_config_fails_before_any_work(tmp_path, monkeypatch):
     assert calls == []
     assert not (tmp_path / "runs").exists()
     assert not (tmp_path / "reports").exists()
+
+
+def test_a_batch_is_refused_before_any_work_when_another_owns_one_of_its_runs(
+    tmp_path, monkeypatch
+):
+    """One owner per run (collect.lease): a batch whose runs include one that a live batch
+    or collect owns stops before calibration or any decoding, naming the run; the CLI says
+    so without a traceback. Unowned, the batch's writers work under its tokens."""
+    from click.testing import CliRunner
+
+    from relaxspec_audit.cli import main
+    from relaxspec_audit.collect.lease import LeaseHeldError, hold_run
+
+    data = small_config(tmp_path, notebooks=["collect"])
+    data["tasks"][0]["splits"] = ["discovery"]
+    data["tasks"][0]["rules"] = ["exact"]
+    plan = batch.load_config(data)
+    (config,) = [c for c in plan.all_runs() if c.rule == "exact"]
+    runs = tmp_path / "runs"
+    calls = []
+    monkeypatch.setattr(batch.runner, "calibrate_batch", lambda *a: calls.append("calibrate"))
+    monkeypatch.setattr(batch.runner, "_collect_one", lambda *a: calls.append(a))
+    with hold_run(config.run_dir(runs)):  # e.g. a Ray batch with another shard size
+        with pytest.raises(LeaseHeldError, match=f"{config.run_dir(runs)}: the run is held"):
+            batch.run_batch(plan, out=tmp_path / "reports", runs=runs, progress=False)
+        result = CliRunner().invoke(
+            main, ["batch", str(write_yaml(tmp_path, data)), "--out", str(tmp_path / "r"),
+                   "--runs", str(runs), "--no-progress"],
+        )  # fmt: skip
+        assert result.exit_code == 1 and "the run is held by pid" in result.output
+        assert "Traceback" not in result.output
+    assert calls == []
+    owners = []
+
+    def collect_one(config_json, runs_dir, threads, cost_table=None, owner=None):
+        owners.append(owner)
+        return fake_collect(config_json, runs_dir, threads, cost_table, owner)
+
+    monkeypatch.setattr(batch.runner, "_collect_one", collect_one)
+    batch.run_batch(plan, out=tmp_path / "reports", runs=runs, progress=False)
+    assert owners and all(isinstance(o, str) and len(o) == 16 for o in owners)
+    assert not list(runs.rglob(".lease*.json"))  # released when the batch ended
 
 
 def test_cli_batch_reports_bad_config(tmp_path):

@@ -169,6 +169,20 @@ def _ragged_batch(m: _Mirror) -> None:
         m.step([m.at_end(row, 1) for row in range(3)])
 
 
+def test_moved_rows_decode_on_in_a_narrowed_batch(tiny_llama_pair):
+    """``move_rows`` carries a row's K/V (every layer) to another cache row, and a call with
+    fewer rows than the cache (no ``rows=``) is for rows 0 .. b-1: what the batched engine
+    does when it narrows a draining batch."""
+    m = _Mirror(tiny_llama_pair.target, batch=4, max_seq_len=24, seed=4)
+    m.step([m.at_end(row, n) for row, n in zip(range(4), (5, 3, 6, 4), strict=True)])
+    m.step([m.at_end(row, 2) for row in range(4)])
+    m.fast.move_rows([3, 2], [0, 1])  # rows 0 and 1 finished; 3 and 2 move into them
+    m.seqs[0], m.seqs[1] = m.seqs[3], m.seqs[2]
+    m.seqs = m.seqs[:2]
+    m.step([m.at_end(0, 1), m.at_end(1, 3)])  # a [2, T] call over a 4-row cache
+    m.step([(len(m.seqs[0]) - 2, m.tokens(3, avoid=m.seqs[0][-2:])), m.at_end(1, 1)])
+
+
 def test_separate_prefills_and_mixed_lengths(tiny_qwen2_pair):
     m = _Mirror(tiny_qwen2_pair.target, batch=3, max_seq_len=24, seed=1)
     for row, n in enumerate((4, 9, 1)):  # one row at a time; the others idle

@@ -462,6 +462,31 @@ def test_an_owner_that_died_is_taken_over_and_a_refused_new_run_leaves_no_folder
     assert not fresh.exists()
 
 
+def test_writers_stop_when_their_owner_lost_the_run(tmp_path, monkeypatch):
+    """A writer working for an owner (a batch driver's token) checks it before each commit:
+    a driver frozen past the lease timeout, whose run another batch took, must not have its
+    writers commit beside the new owner's. A collect given a token that is not the run's
+    owner refuses before loading anything."""
+    from relaxspec_audit.collect.lease import check_owner, hold_run, hold_runs
+    from relaxspec_audit.collect.run import collect
+
+    cfg, out, rd, _, _ = _bound_run(tmp_path, monkeypatch)
+    with hold_run(rd) as owner:
+        w = logs.RunWriter(rd, _manifest(cfg), chunk_size=1,
+                           before_commit=lambda: check_owner(rd, owner.token))  # fmt: skip
+        w.add(_rows("q1"))  # committed: the owner holds the run
+        owner.release()  # lost: a stale lease taken over, or removed
+        with hold_run(rd):
+            w._pending.append(_rows("q2"))
+            with pytest.raises(logs.LogError, match="owner lease was lost"):
+                w.flush()
+            with pytest.raises(logs.LogError, match="owner lease was lost"):
+                collect(cfg, out, owner=owner.token)
+    assert logs.finished_request_ids(rd) == {"q0", "q1"}
+    with hold_runs([rd, rd]) as tokens:  # one folder named twice is held once
+        assert list(tokens) == [rd]
+
+
 def test_unchanged_inputs_resume(tmp_path, monkeypatch):
     from relaxspec_audit import tasks
     from relaxspec_audit.collect.inputs import bind_inputs

@@ -353,6 +353,8 @@ def test_staging_left_by_a_killed_worker_is_removed_by_the_next_one(tmp_path, mo
         "live": tmp_path / f"{ray_engine.STAGING}{host}-{os.getpid()}-shard-x2",
         "other host": tmp_path / f"{ray_engine.STAGING}{host}x-{dead}-shard-x3",
         "not ours": tmp_path / f"other-{host}-{dead}-shard-x4",
+        # host "<host>-12", whose name extends ours: "12" is not a PID of this host
+        "longer host": tmp_path / f"{ray_engine.STAGING}{host}-12-{dead}-shard-x5",
     }
     for path in left.values():
         (path / "runs").mkdir(parents=True)
@@ -360,8 +362,31 @@ def test_staging_left_by_a_killed_worker_is_removed_by_the_next_one(tmp_path, mo
     with ray_engine._staging("shard") as fresh:
         assert Path(fresh).name.startswith(f"{ray_engine.STAGING}{host}-{os.getpid()}-shard-")
         assert not left["killed"].exists()
-        assert all(left[k].is_dir() for k in ("live", "other host", "not ours"))
+        assert all(left[k].is_dir() for k in ("live", "other host", "not ours", "longer host"))
     assert not Path(fresh).exists()
+
+
+def test_a_failing_driver_ends_its_actors_before_it_releases_its_runs(tmp_path, monkeypatch):
+    """Whatever stops the driver, its actors are killed while it still owns the runs, so
+    no shard writes a run that another batch may take next (no Ray needed)."""
+    from relaxspec_audit.batch.ray_engine import RayEngine
+    from relaxspec_audit.collect.lease import OWNER_LEASE
+
+    configs = _configs(limit=2)
+    seen = []
+
+    def failing(self, *args):
+        raise KeyboardInterrupt
+
+    def close(self):  # records whether the runs were still owned when the actors ended
+        seen.append(all((c.run_dir(tmp_path) / OWNER_LEASE).exists() for c in configs))
+
+    monkeypatch.setattr(RayEngine, "_collect", failing)
+    monkeypatch.setattr(RayEngine, "close", close)
+    with pytest.raises(KeyboardInterrupt):
+        _engine().collect(configs, tmp_path)
+    assert seen == [True]
+    assert not list(tmp_path.rglob(OWNER_LEASE))
 
 
 def test_a_run_with_parts_outside_every_record_is_not_marked_complete(cluster, tmp_path):

@@ -43,8 +43,13 @@ def _run(
     if not isinstance(root, Path) and chosen != "ray":
         raise click.ClickException(f"--runs {root}: runs on an object store need --engine ray")
     runs = str(root)
-    result = batch_mod.run_batch(plan, out=out, runs=runs, jobs=jobs, progress=progress,
-                                 engine=engine, ray_options=ray_options)  # fmt: skip
+    from relaxspec_audit.collect.lease import LeaseHeldError
+
+    try:
+        result = batch_mod.run_batch(plan, out=out, runs=runs, jobs=jobs, progress=progress,
+                                     engine=engine, ray_options=ray_options)  # fmt: skip
+    except LeaseHeldError as exc:  # another batch or collect owns one of the runs
+        raise click.ClickException(str(exc)) from exc
     minutes = (time.perf_counter() - start) / 60
     for task in result.tasks:
         status = "ok" if task.ok else "FAILED"

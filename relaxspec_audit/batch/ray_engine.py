@@ -6,7 +6,10 @@ setting × split × request chunk); a pool of actors pulls them from one queue. 
 loads a model pair once and keeps it for every later shard of that pair (shards come in
 config order). Each shard writes its own writer namespace of its run folder under its own
 lease; a run's manifest is finished by this driver once all its shards are done, so no
-shard marks a run complete that others are still writing.
+shard marks a run complete that others are still writing. Above the shards the driver (or
+``run_batch`` for it) owns every local run for the batch (``lease.hold_runs``): a second
+batch or collect on one is refused, and a shard checks before each commit that its driver
+still owns the run (``lease.check_owner``).
 
 Faults: an actor that dies (its process killed, its node lost) fails its shard with
 ``RayActorError``; the shard goes back to the queue for a fresh actor, which resumes the
@@ -28,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -106,18 +110,22 @@ class ShardWorker:
         options: Mapping[str, Any] | None,
         cost_table: Mapping[str, Any] | None,
         commit_every: int = 16,
+        owner: str | None = None,
     ) -> dict[str, Any]:
         """Decode one shard; returns its requests, tokens and the decoder's engine info.
 
         On an object store the shard writes a fresh staging folder: its namespace is
         pulled from the store first (what the store has committed is what it resumes),
-        and each commit is pushed, parts first and the record last.
+        and each commit is pushed, parts first and the record last. ``owner``: the token
+        of the driver's owner lease on the run (local roots); each commit checks it first.
         """
         from relaxspec_audit.collect import storage
 
         store = storage.parse_store(runs, options)
         if store.is_local:
-            return self._run_shard(spec, store.root, self._committed, cost_table, commit_every)
+            return self._run_shard(
+                spec, store.root, self._committed, cost_table, commit_every, owner
+            )
         with _staging("shard") as tmp:
             staging = Path(tmp)
             local_run = staging / spec.run_rel
@@ -138,6 +146,7 @@ class ShardWorker:
         on_commit: Callable[[Path], None],
         cost_table: Mapping[str, Any] | None,
         commit_every: int,
+        owner: str | None = None,
     ) -> dict[str, Any]:
         from relaxspec_audit.batch.pairs import cached_pair
         from relaxspec_audit.collect.run import Shard, collect
@@ -159,7 +168,8 @@ class ShardWorker:
         while True:
             try:
                 collect(config, out, resume=True, progress=progress, pair=pair,
-                        cost_table=cost_table, shard=shard, chunk_size=commit_every)  # fmt: skip
+                        cost_table=cost_table, shard=shard, chunk_size=commit_every,
+                        owner=owner)  # fmt: skip
                 return seen
             except LeaseHeldError:
                 if time.monotonic() > deadline:
@@ -193,9 +203,11 @@ def _staging(kind: str) -> tempfile.TemporaryDirectory:
     until pushed), so each new one first removes those of dead processes on this host.
     """
     host, root = socket.gethostname(), Path(tempfile.gettempdir())
+    # This host's exactly: host "node" must not read "node-12"'s folders as PID 12's.
+    ours = re.compile(rf"{re.escape(STAGING)}{re.escape(host)}-(\d+)-(shard|costs|timing)-.+")
     for path in root.glob(f"{STAGING}{glob.escape(host)}-*"):
-        pid = path.name[len(f"{STAGING}{host}-") :].split("-", 1)[0]
-        if pid.isdigit() and not pid_alive(int(pid)):
+        m = ours.fullmatch(path.name)
+        if m and not pid_alive(int(m.group(1))):
             shutil.rmtree(path, ignore_errors=True)
     return tempfile.TemporaryDirectory(prefix=f"{STAGING}{host}-{os.getpid()}-{kind}-")
 
@@ -368,6 +380,7 @@ class RayEngine:
         cost_tables: Mapping[str, Mapping[str, Any]] | None = None,
         on_done: Callable[[RunConfig, Path, str | None], None] | None = None,
         progress: Callable[[Mapping[str, Any]], None] | None = None,
+        owners: Mapping[str, str] | None = None,
     ) -> dict[str, tuple[Path, str | None]]:
         """Collect every missing request of ``configs``; the local engine's contract.
 
@@ -380,6 +393,8 @@ class RayEngine:
                 folder, error or None).
             progress: called after each shard with ``shards_done``, ``shards``,
                 ``requests``, ``tokens``, ``workers`` and ``retries`` over the cluster.
+            owners: ``{config.to_json(): owner-lease token}`` when the caller owns the runs
+                (``run_batch``); None: this call owns every local run itself.
 
         Returns:
             ``{config.to_json(): (run folder or URL, error or None)}``.
@@ -389,11 +404,16 @@ class RayEngine:
                 runs roots only: a store has no lock); nothing is decoded.
         """
         store = _store(runs_dir)
-        # The driver owns every run for the whole batch, its shards' writers write under it:
-        # a second batch (another engine or shard size) is refused before any work.
-        local = [run_location(store, c) for c in configs] if store.is_local else []
-        with hold_runs(local):
-            return self._collect(configs, store, cost_tables, on_done, progress)
+        with contextlib.ExitStack() as held:
+            if owners is None:  # the driver owns every local run; its shards work for it
+                local = {c.to_json(): run_location(store, c) for c in configs if store.is_local}
+                tokens = held.enter_context(hold_runs(local.values()))
+                owners = {key: tokens[path] for key, path in local.items()}
+            try:
+                return self._collect(configs, store, cost_tables, on_done, progress, owners)
+            except BaseException:  # no actor may write on once the runs are released
+                self.close()
+                raise
 
     def _collect(
         self,
@@ -402,6 +422,7 @@ class RayEngine:
         cost_tables: Mapping[str, Mapping[str, Any]] | None,
         on_done: Callable[[RunConfig, Path, str | None], None] | None,
         progress: Callable[[Mapping[str, Any]], None] | None,
+        owners: Mapping[str, str],
     ) -> dict[str, tuple[Path, str | None]]:
         from relaxspec_audit.collect.reader import (
             finished_request_ids,
@@ -470,8 +491,9 @@ class RayEngine:
                 actor = idle.pop()
                 table = (cost_tables or {}).get(spec.config_json)
                 ref = actor.run_shard.remote(
-                    spec, store.url, store.options, table, self.commit_every
-                )
+                    spec, store.url, store.options, table, self.commit_every,
+                    owners.get(spec.config_json),
+                )  # fmt: skip
                 running[ref] = (actor, spec, attempt)
             if not running:
                 continue

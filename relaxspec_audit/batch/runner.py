@@ -14,6 +14,7 @@ task and ``index.html`` over all tasks (``report.py``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import warnings
@@ -67,7 +68,11 @@ class BatchResult:
 
 
 def _collect_one(
-    config_json: str, runs_dir: str, threads: int, cost_table: Mapping[str, Any] | None = None
+    config_json: str,
+    runs_dir: str,
+    threads: int,
+    cost_table: Mapping[str, Any] | None = None,
+    owner: str | None = None,
 ) -> tuple[str, str | None]:
     """Collect one run (in a worker process); return (run folder, error or None)."""
     config = RunConfig.from_json(config_json)
@@ -85,7 +90,7 @@ def _collect_one(
         draft = None if config.rule == TARGET_ONLY else config.draft
         pair = cached_pair(config.target, draft, config.device, config.dtype)
         path = collect(config, Path(runs_dir), resume=True, progress=None, pair=pair,
-                       cost_table=cost_table)  # fmt: skip
+                       cost_table=cost_table, owner=owner)  # fmt: skip
         return str(path), None
     except Exception as exc:
         return str(config.run_dir(runs_dir)), f"{type(exc).__name__}: {exc}"
@@ -98,6 +103,7 @@ def collect_runs(
     jobs: int = 1,
     on_done: Callable[[RunConfig, Path, str | None], None] | None = None,
     cost_tables: Mapping[str, Mapping[str, Any]] | None = None,
+    owners: Mapping[str, str] | None = None,
 ) -> dict[str, tuple[Path, str | None]]:
     """Collect every run that is missing or unfinished, up to ``jobs`` in parallel.
 
@@ -113,6 +119,8 @@ def collect_runs(
         on_done: called after each run with (config, run folder, error or None).
         cost_tables: ``{config.to_json(): cost table dict}`` recorded in each run's
             manifest (:func:`~relaxspec_audit.batch.calibration.calibrate_batch`).
+        owners: ``{config.to_json(): owner-lease token}`` when the caller owns the runs
+            (:func:`run_batch`); else each run's collect owns its own.
 
     Returns:
         ``{config.to_json(): (run folder, error or None)}``.
@@ -128,11 +136,12 @@ def collect_runs(
         if on_done is not None:
             on_done(config, Path(path), error)
 
-    tables = dict(cost_tables or {})
+    tables, owners = dict(cost_tables or {}), dict(owners or {})
     if jobs == 1 or len(configs) <= 1:
         for config in configs:
             key = config.to_json()
-            done(config, *_collect_one(key, str(runs_dir), threads, tables.get(key)))
+            done(config, *_collect_one(key, str(runs_dir), threads, tables.get(key),
+                                       owners.get(key)))  # fmt: skip
         return out
     import concurrent.futures as cf
     import multiprocessing as mp
@@ -140,7 +149,7 @@ def collect_runs(
     with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
         futures = {
             pool.submit(_collect_one, c.to_json(), str(runs_dir), threads,
-                        tables.get(c.to_json())): c
+                        tables.get(c.to_json()), owners.get(c.to_json())): c
             for c in configs
         }  # fmt: skip
         for fut in cf.as_completed(futures):
@@ -188,6 +197,7 @@ def run_batch(
     from tqdm.auto import tqdm
 
     from relaxspec_audit import report
+    from relaxspec_audit.collect.lease import hold_runs
     from relaxspec_audit.report.tables import write_summary_csv
 
     plan = config if isinstance(config, BatchConfig) else load_config(config)
@@ -204,6 +214,13 @@ def run_batch(
     report_dir = Path(out).resolve() / plan.name
     report_dir.mkdir(parents=True, exist_ok=True)
     all_runs = plan.all_runs()
+    # The batch owns its runs from here to its end (local roots; a store has no lock): a
+    # second batch or collect on any of them is refused before anything loads, and this
+    # one's workers stop writing if it loses one.
+    local = {c.to_json(): c.run_dir(runs_dir) for c in all_runs if isinstance(runs_dir, Path)}
+    held = contextlib.ExitStack()
+    tokens = held.enter_context(hold_runs(local.values()))
+    owners = {key: tokens[path] for key, path in local.items()}
     timed = [t for t in plan.tasks if t.timing]
     total = 1 + len(all_runs) + len(timed) + len(plan.tasks) * len(plan.notebooks)
     bar = tqdm(total=total, desc=f"batch {plan.name}", unit="step", disable=not progress)
@@ -243,10 +260,10 @@ def run_batch(
             release()
         if cluster is None:
             collected = collect_runs(all_runs, runs_dir, jobs=jobs, on_done=on_done,
-                                     cost_tables=tables)  # fmt: skip
+                                     cost_tables=tables, owners=owners)  # fmt: skip
         else:
             collected = cluster.collect(all_runs, runs_dir, cost_tables=tables, on_done=on_done,
-                                        progress=on_shard)  # fmt: skip
+                                        progress=on_shard, owners=owners)  # fmt: skip
         results: list[TaskResult] = []
         for task in plan.tasks:
             task_dir = report_dir / task.slug
@@ -299,9 +316,11 @@ def run_batch(
             # The same verdicts as a table, one row per family, for a spreadsheet or a review.
             write_summary_csv(summary, summary_path.with_suffix(".csv"))
             results.append(TaskResult(task.task, run_dirs, notebooks, summary_path, errors))
-    finally:  # the actors (and their GPUs) end with the batch, whatever happened
+    finally:  # the actors (and their GPUs) end with the batch, whatever happened, and
+        # only then are its runs released: no shard writes a run another batch may own
         if cluster is not None:
             cluster.close()
+        held.close()
     bar.close()
     index = report.write_index(
         report_dir, [json.loads(r.summary_path.read_text()) for r in results]

@@ -554,8 +554,8 @@ def decode_batched(
         config: the run configuration.
         batch_size: rows per target pass (None: :data:`AUTO_BATCH` for the device).
         timing: measure ``draft_s`` / ``verify_s``.
-        on_start: called once, before decoding, with ``{"engine", "batch_size",
-            "max_seq_len", "kv_cache_bytes"}``.
+        on_start: called once, before decoding, with the engine's record
+            (:func:`engine_info`).
         stops: the task's decode-time stop strings.
         narrow: halve the batch as it drains (:meth:`BatchedEngine._narrow`).
     """

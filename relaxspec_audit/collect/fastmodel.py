@@ -263,7 +263,8 @@ class FastLM(nn.Module):
         s = torch.tensor(src, dtype=torch.long, device=self.k_cache.device)  # [n]
         d = torch.tensor(dst, dtype=torch.long, device=self.k_cache.device)  # [n]
         for cache in (self.k_cache, self.v_cache):  # [L, B, Hkv, S_max + 1, D]
-            cache.index_copy_(1, d, cache.index_select(1, s))
+            for layer in cache:  # one layer's rows at a time: a small temporary
+                layer.index_copy_(0, d, layer.index_select(0, s))
 
     @torch.no_grad()
     def forward(

@@ -10,8 +10,9 @@ Two levels, because a run can have several writers at once (a Ray batch's shards
 - ``.lease-<writer>.json``: a writer's namespace (its part names), held by
   ``logs.RunWriter`` while it writes;
 - ``.lease.json`` (:func:`hold_run`): the run's owner, the one ``collect`` or batch
-  driver that plans and finishes it. A local collect holds it for itself; a Ray batch's
-  driver holds it for all its shards. Without it, two batches with different writer
+  driver that plans and finishes it. A lone collect holds it for itself; a batch holds it
+  for all its runs' writers (local processes or Ray shards), which check its token before
+  each commit (:func:`check_owner`). Without it, two batches with different writer
   namespaces (the local engine's ``w0`` and Ray's ``s0000``...) would each read what is
   committed when they open and decode the same requests twice.
 """
@@ -71,6 +72,7 @@ class Lease:
         self.token = secrets.token_hex(8)
         self.lost: str | None = None  # why the lease was lost, set by the heartbeat
         self._stop = threading.Event()
+        self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
     def acquire(self) -> None:
@@ -117,14 +119,17 @@ class Lease:
             )
 
     def refresh(self) -> None:
-        """Write a new heartbeat if the lease is still ours."""
-        info = self._read(self.path)
-        if info is None or info.get("token") != self.token:
-            self.lost = "taken over or removed"
-            return
-        tmp = self._tmp()
-        tmp.write_text(json.dumps(self._info()))
-        os.replace(tmp, self.path)
+        """Write a new heartbeat if the lease is still ours (and not being released)."""
+        with self._lock:  # a heartbeat stuck on a slow disk must not outlive release()
+            if self._stop.is_set():
+                return
+            info = self._read(self.path)
+            if info is None or info.get("token") != self.token:
+                self.lost = "taken over or removed"
+                return
+            tmp = self._tmp()
+            tmp.write_text(json.dumps(self._info()))
+            os.replace(tmp, self.path)
 
     def release(self) -> None:
         """Stop the heartbeat and remove the lease file if it is still ours."""
@@ -132,9 +137,10 @@ class Lease:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         self._thread = None
-        info = self._read(self.path)
-        if info is not None and info.get("token") == self.token:
-            self.path.unlink(missing_ok=True)
+        with self._lock:
+            info = self._read(self.path)
+            if info is not None and info.get("token") == self.token:
+                self.path.unlink(missing_ok=True)
 
     def _info(self) -> dict[str, Any]:
         return {
@@ -149,6 +155,9 @@ class Lease:
         return self.run_dir / f".lease-{self.writer}.{os.getpid()}.{self.token}.tmp"
 
     def _create(self) -> bool:
+        # A refused owner may remove an empty run folder it made (hold_run) just as
+        # another one is about to take it: make it again rather than fail on it.
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         tmp = self._tmp()
         tmp.write_text(json.dumps(self._info()))
         try:
@@ -235,17 +244,41 @@ def hold_run(run_dir: Path, timeout_s: float = LEASE_TIMEOUT_S) -> Iterator[Leas
 
 
 @contextlib.contextmanager
-def hold_runs(run_dirs: Iterable[Path], timeout_s: float = LEASE_TIMEOUT_S) -> Iterator[None]:
-    """Own every one of ``run_dirs`` for the block, or none.
+def hold_runs(
+    run_dirs: Iterable[Path], timeout_s: float = LEASE_TIMEOUT_S
+) -> Iterator[dict[Path, str]]:
+    """Own every one of ``run_dirs`` for the block, or none; yields each one's token.
+
+    A folder named twice is held once (configs that differ only outside ``run_id`` share
+    their run).
 
     Raises:
         LeaseHeldError: another live collect or batch owns one of them; the ones already
             taken are released, and nothing is written.
     """
     with contextlib.ExitStack() as held:
-        for run_dir in run_dirs:
-            held.enter_context(hold_run(run_dir, timeout_s))
-        yield
+        yield {
+            Path(d): held.enter_context(hold_run(Path(d), timeout_s)).token
+            for d in dict.fromkeys(Path(d) for d in run_dirs)
+        }
+
+
+def check_owner(run_dir: Path, token: str) -> None:
+    """Raise unless the run's owner lease still carries ``token`` (before each write).
+
+    A writer working for an owner (a collect's own lease, or a batch driver's) stops once
+    the owner lost the run: a driver frozen past the lease timeout, or one whose lease was
+    removed, must not have its shards write beside the next owner's.
+
+    Raises:
+        LogError: the owner lease is gone or another's (naming the folder and holder).
+    """
+    info = Lease._read(Path(run_dir) / OWNER_LEASE)
+    if info is None or info.get("token") != token:
+        holder = "removed" if info is None else f"now pid {info.get('pid')} on {info.get('host')}"
+        raise LogError(
+            f"{run_dir}: the run's owner lease was lost ({holder}); stopping before writing more"
+        )
 
 
 def pid_alive(pid: Any) -> bool:

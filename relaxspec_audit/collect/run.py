@@ -13,6 +13,7 @@ torch and transformers are imported inside functions (the CLI's ``--help`` must 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 from relaxspec_audit.collect.config import TARGET_ONLY, RunConfig, sample_request_id
 from relaxspec_audit.collect.engine import decode_request
 from relaxspec_audit.collect.inputs import bind_inputs
-from relaxspec_audit.collect.lease import hold_run
+from relaxspec_audit.collect.lease import check_owner, hold_run
 from relaxspec_audit.collect.logs import RequestRows
 from relaxspec_audit.collect.pair import Pair, check_prompts_fit, encode_prompt, load_pair
 from relaxspec_audit.collect.stops import StopStrings
@@ -39,6 +40,7 @@ def collect(
     cost_table: Mapping[str, Any] | None = None,
     calibrate: bool = False,
     shard: Shard | None = None,
+    owner: str | None = None,
 ) -> Path:
     """Decode every item of the config's task and write the run folder under ``out``.
 
@@ -69,6 +71,9 @@ def collect(
             draft and K, the table its speculative runs carry.
         shard: decode only these requests, in this writer namespace, leaving the
             manifest's status to the scheduler (:class:`Shard`; None: the whole run).
+        owner: the token of the run's owner lease when a batch driver holds it (a shard's
+            or a batch's collect works for it, and stops if it is lost); None: a whole run
+            takes its own (``lease.hold_run``), a shard on an object store has none.
 
     Returns:
         The run folder.
@@ -79,10 +84,12 @@ def collect(
     config.validate()
     task = tasks.load_task(config.task, split=config.split, limit=config.limit)
     run_dir = config.run_dir(out)
-    # One owner per run: this collect, or (for a shard) the batch driver that planned it.
+    # One owner per run: this collect, or the batch driver that planned it (`owner`).
     with contextlib.ExitStack() as owned:
-        if shard is None:
-            owned.enter_context(hold_run(run_dir))
+        if owner is None and shard is None:
+            owner = owned.enter_context(hold_run(run_dir)).token
+        elif owner is not None:
+            check_owner(run_dir, owner)
         inputs = bind_inputs(config, task, run_dir, resume)  # refuse a mixed resume
         samples = _sample_requests(task.items, config.samples_per_item)
         done = _complete(run_dir, samples.keys()) if resume and shard is None else None
@@ -124,9 +131,11 @@ def collect(
             manifest["cost_table"] = dict(cost_table)
         totals = {"done": 0, "total": len(samples), "tokens": 0, "passes": 0}
         totals.update(accepted=0, drafted=0, wall_s=0.0, skipped=0)
-        own = {} if shard is None else {"writer": shard.writer, "owns_manifest": False}
-        if shard is not None and shard.on_commit is not None:
-            own["on_commit"] = shard.on_commit
+        own: dict[str, Any] = {}
+        if shard is not None:
+            own.update(writer=shard.writer, owns_manifest=False, on_commit=shard.on_commit)
+        if owner is not None:  # every commit first checks that the owner still holds the run
+            own["before_commit"] = functools.partial(check_owner, run_dir, owner)
         with RunWriter(run_dir, manifest, resume=resume, chunk_size=chunk_size, **own) as writer:
             todo = {rid: item for rid, item in samples.items() if rid not in writer.finished}
             totals["skipped"] = totals["done"] = len(samples) - len(todo)

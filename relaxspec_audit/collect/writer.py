@@ -73,6 +73,8 @@ class RunWriter:
             still writing.
         on_commit: called with the commit record's path after each commit (e.g. to copy
             the chunk to an object store, where the record is again written last).
+        before_commit: called before each commit, after the namespace lease's own check;
+            raises to stop the writer (the run's owner lease, ``lease.check_owner``).
 
     Raises:
         LogError: a bad writer id, a schema version mismatch, or a live writer holding the
@@ -90,6 +92,7 @@ class RunWriter:
         lease_timeout_s: float = LEASE_TIMEOUT_S,
         owns_manifest: bool = True,
         on_commit: Callable[[Path], None] | None = None,
+        before_commit: Callable[[], None] | None = None,
     ):
         if not isinstance(writer, str) or not _WRITER_RE.match(writer):
             raise LogError(f"writer id {writer!r}: use a letter then letters, digits or _ (max 32)")
@@ -97,6 +100,7 @@ class RunWriter:
         self.writer = writer
         self.owns_manifest = owns_manifest
         self.on_commit = on_commit
+        self.before_commit = before_commit
         self.chunk_size = max(1, int(chunk_size))
         self.flush_s = float(flush_s)
         self._queued_at = 0.0
@@ -193,11 +197,14 @@ class RunWriter:
         """Commit the queued requests as one part per table (requests last), then the record.
 
         Raises:
-            LogError: this writer lost its lease (nothing more is written).
+            LogError: this writer, or the run's owner, lost its lease (nothing more is
+                written).
         """
         if not self._pending:
             return
         self._lease.check()
+        if self.before_commit is not None:
+            self.before_commit()
         frames = {t: [] for t in TABLES}
         for rows in self._pending:
             frames["positions"].append(
