@@ -214,13 +214,6 @@ def run_batch(
     report_dir = Path(out).resolve() / plan.name
     report_dir.mkdir(parents=True, exist_ok=True)
     all_runs = plan.all_runs()
-    # The batch owns its runs from here to its end (local roots; a store has no lock): a
-    # second batch or collect on any of them is refused before anything loads, and this
-    # one's workers stop writing if it loses one.
-    local = {c.to_json(): c.run_dir(runs_dir) for c in all_runs if isinstance(runs_dir, Path)}
-    held = contextlib.ExitStack()
-    tokens = held.enter_context(hold_runs(local.values()))
-    owners = {key: tokens[path] for key, path in local.items()}
     timed = [t for t in plan.tasks if t.timing]
     total = 1 + len(all_runs) + len(timed) + len(plan.tasks) * len(plan.notebooks)
     bar = tqdm(total=total, desc=f"batch {plan.name}", unit="step", disable=not progress)
@@ -242,6 +235,17 @@ def run_batch(
                 refresh=True,
             )
 
+    # The batch owns its runs from here to its end (local roots; a store has no lock): a
+    # second batch or collect on any of them is refused before anything loads, and this
+    # one's workers stop writing if it loses one.
+    local = {c.to_json(): c.run_dir(runs_dir) for c in all_runs if isinstance(runs_dir, Path)}
+    held = contextlib.ExitStack()
+    try:
+        tokens = held.enter_context(hold_runs(local.values()))
+    except BaseException:
+        bar.close()
+        raise
+    owners = {key: tokens[path] for key, path in local.items()}
     try:
         bar.set_postfix_str("calibrating costs", refresh=False)
         try:
