@@ -44,9 +44,9 @@ ERR="$OUT/err.txt"
 # A step's timeout: its own cap, or what is left of the budget if that is less.
 cap() { local left=$((BUDGET - SECONDS)); [ "$left" -lt "$1" ] && echo "$left" || echo "$1"; }
 # A step: its name and elapsed time in the summary, stdout there too, stderr to err.txt.
-# Under 10 s of budget left it is skipped, not started only to be killed; the script's
-# status is its first failure's (1 for any), never timeout's 124, which the device tool
-# would read as the whole call timing out.
+# Under 10 s of budget left it is skipped, not started only to be killed. Every step runs
+# (or is skipped); the script then exits 1 if any failed or was skipped, naming the first,
+# never with timeout's 124, which the device tool would read as the whole call timing out.
 step() {
   local name="$1" limit
   limit=$(cap "$2")

@@ -11,8 +11,10 @@ real ``logs.RunWriter`` from ``_synthetic.make_run`` frames).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import re
 import zlib
 from pathlib import Path
 
@@ -90,16 +92,19 @@ def fake_collect(
 ) -> tuple[str, str | None]:
     """Stand-in for ``batch.runner._collect_one`` that writes a fixture run instead of decoding.
 
-    A batch owns its runs (``owner``, its lease's token): the stand-in checks it still does.
+    As ``collect`` does, it works for the run's owner (``owner``, a batch's token) or takes
+    the run itself, and is refused if another holds it.
     """
-    from relaxspec_audit.collect.lease import check_owner
+    from relaxspec_audit.collect.lease import check_owner, hold_run
 
     config = RunConfig.from_json(config_json)
-    if owner is not None:
-        check_owner(config.run_dir(runs_dir), owner)
-    if getattr(config.params, "budget", None) == 99.0:  # a shard that fails, for the error path
-        return str(config.run_dir(runs_dir)), "RuntimeError: fixture collect failure"
-    return str(write_fixture_run(config, Path(runs_dir))), None
+    run_dir = config.run_dir(runs_dir)
+    with contextlib.nullcontext() if owner is not None else hold_run(run_dir):
+        if owner is not None:
+            check_owner(run_dir, owner)
+        if getattr(config.params, "budget", None) == 99.0:  # a shard that fails: error path
+            return str(run_dir), "RuntimeError: fixture collect failure"
+        return str(write_fixture_run(config, Path(runs_dir))), None
 
 
 def model_dirs(tmp: Path) -> dict[str, str]:
@@ -460,7 +465,8 @@ def test_a_batch_is_refused_before_any_work_when_another_owns_one_of_its_runs(
     monkeypatch.setattr(batch.runner, "calibrate_batch", lambda *a: calls.append("calibrate"))
     monkeypatch.setattr(batch.runner, "_collect_one", lambda *a: calls.append(a))
     with hold_run(config.run_dir(runs)):  # e.g. a Ray batch with another shard size
-        with pytest.raises(LeaseHeldError, match=f"{config.run_dir(runs)}: the run is held"):
+        held = re.escape(f"{config.run_dir(runs)}: the run is held")
+        with pytest.raises(LeaseHeldError, match=held):
             batch.run_batch(plan, out=tmp_path / "reports", runs=runs, progress=False)
         result = CliRunner().invoke(
             main, ["batch", str(write_yaml(tmp_path, data)), "--out", str(tmp_path / "r"),

@@ -477,14 +477,44 @@ def test_writers_stop_when_their_owner_lost_the_run(tmp_path, monkeypatch):
         w.add(_rows("q1"))  # committed: the owner holds the run
         owner.release()  # lost: a stale lease taken over, or removed
         with hold_run(rd):
+            manifest = (rd / "manifest.json").read_bytes()
             w._pending.append(_rows("q2"))
             with pytest.raises(logs.LogError, match="owner lease was lost"):
                 w.flush()
+            w._pending.clear()  # as the writer's __exit__ does after a failed flush
+            w.close("failed")  # its manifest is no longer its to write
+            assert (rd / "manifest.json").read_bytes() == manifest
             with pytest.raises(logs.LogError, match="owner lease was lost"):
                 collect(cfg, out, owner=owner.token)
     assert logs.finished_request_ids(rd) == {"q0", "q1"}
     with hold_runs([rd, rd]) as tokens:  # one folder named twice is held once
         assert list(tokens) == [rd]
+
+
+def test_a_collect_for_an_owner_stops_at_its_next_commit_once_the_owner_lost_the_run(
+    tmp_path,
+):
+    """collect(owner=) hands the owner check to its writer: the commit after the loss is
+    refused, so the run keeps only what was committed while it was owned."""
+    from relaxspec_audit import collect as collect_mod
+    from relaxspec_audit.collect.config import EMBEDDED_DIR
+    from relaxspec_audit.collect.lease import hold_run
+    from relaxspec_audit.collect.run import collect
+
+    pair = collect_mod.load_pair(str(EMBEDDED_DIR / "target"), str(EMBEDDED_DIR / "draft"), "cpu")
+    cfg = RunConfig(task="arith", limit=4, max_new_tokens=8, device="cpu", rule="greedy",
+                    temperature=0.0)  # fmt: skip
+    out = tmp_path / "runs"
+    rd = cfg.run_dir(out)
+    with hold_run(rd) as owner:
+
+        def progress(totals):
+            if totals["done"] == 1:  # the batch froze past its lease, and another took it
+                owner.release()
+
+        with pytest.raises(logs.LogError, match="owner lease was lost"):
+            collect(cfg, out, pair=pair, chunk_size=1, owner=owner.token, progress=progress)
+    assert len(logs.finished_request_ids(rd)) == 1
 
 
 def test_unchanged_inputs_resume(tmp_path, monkeypatch):

@@ -409,10 +409,18 @@ class RayEngine:
                 local = {c.to_json(): run_location(store, c) for c in configs if store.is_local}
                 tokens = held.enter_context(hold_runs(local.values()))
                 owners = {key: tokens[path] for key, path in local.items()}
+            unowned = [
+                run_location(store, c)
+                for c in configs
+                if store.is_local and c.to_json() not in owners
+            ]
+            if unowned:  # its shards would write with no owner check
+                raise ValueError(f"owners: no owner token for run {unowned[0]}")
             try:
                 return self._collect(configs, store, cost_tables, on_done, progress, owners)
             except BaseException:  # no actor may write on once the runs are released
-                self.close()
+                with contextlib.suppress(Exception):  # the original error is the one to see
+                    self.close()
                 raise
 
     def _collect(

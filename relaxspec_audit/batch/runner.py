@@ -137,6 +137,9 @@ def collect_runs(
             on_done(config, Path(path), error)
 
     tables, owners = dict(cost_tables or {}), dict(owners or {})
+    unowned = [c.run_dir(runs_dir) for c in configs if owners and c.to_json() not in owners]
+    if unowned:  # its collect would take the run itself, and refuse: the caller holds it
+        raise ValueError(f"owners: no owner token for run {unowned[0]}")
     if jobs == 1 or len(configs) <= 1:
         for config in configs:
             key = config.to_json()
@@ -235,9 +238,9 @@ def run_batch(
                 refresh=True,
             )
 
-    # The batch owns its runs from here to its end (local roots; a store has no lock): a
-    # second batch or collect on any of them is refused before anything loads, and this
-    # one's workers stop writing if it loses one.
+    # The batch owns its runs until they are collected (local roots; a store has no lock):
+    # a second batch or collect on any of them is refused before anything loads, and this
+    # one's writers stop if it loses one.
     local = {c.to_json(): c.run_dir(runs_dir) for c in all_runs if isinstance(runs_dir, Path)}
     held = contextlib.ExitStack()
     try:
@@ -268,6 +271,10 @@ def run_batch(
         else:
             collected = cluster.collect(all_runs, runs_dir, cost_tables=tables, on_done=on_done,
                                         progress=on_shard, owners=owners)  # fmt: skip
+        # Every writer has ended: the runs are only read from here on (timing writes
+        # runs/timing, notebooks read), so a notebook's own collect or a second batch
+        # reusing them finished is not refused.
+        held.close()
         results: list[TaskResult] = []
         for task in plan.tasks:
             task_dir = report_dir / task.slug
@@ -322,9 +329,11 @@ def run_batch(
             results.append(TaskResult(task.task, run_dirs, notebooks, summary_path, errors))
     finally:  # the actors (and their GPUs) end with the batch, whatever happened, and
         # only then are its runs released: no shard writes a run another batch may own
-        if cluster is not None:
-            cluster.close()
-        held.close()
+        try:
+            if cluster is not None:
+                cluster.close()
+        finally:
+            held.close()
     bar.close()
     index = report.write_index(
         report_dir, [json.loads(r.summary_path.read_text()) for r in results]

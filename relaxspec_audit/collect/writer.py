@@ -258,11 +258,23 @@ class RunWriter:
     def _write_manifest(self) -> None:
         if not self.owns_manifest and (self.run_dir / MANIFEST).exists():
             return
+        if not self._still_ours():  # a writer that lost the run leaves its manifest alone
+            return
         _atomic_write_text(
             self.run_dir / MANIFEST,
             json.dumps(self.manifest, indent=2, sort_keys=True),
             tmp_tag=self.writer,
         )
+
+    def _still_ours(self) -> bool:
+        """Whether this writer still holds its namespace and works for the run's owner."""
+        try:
+            self._lease.check()
+            if self.before_commit is not None:
+                self.before_commit()
+        except LogError:
+            return False
+        return True
 
     def _start_over(self) -> None:
         """``resume=False``: delete every part and record, unless another writer is live."""
