@@ -30,6 +30,7 @@ test: $(STAMP) lint
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_decoder.py
 	$(BIN)/python benchmarks/bench_batched.py
+	$(BIN)/python benchmarks/bench_round.py
 	$(BIN)/python benchmarks/bench_stats.py
 
 # Rebuild the embedded pair (data/models/arith/MODEL_CARD.md), seeded, on 2 threads.
