@@ -106,7 +106,7 @@ def build_command() -> click.Command:
         "--batch-size",
         type=click.IntRange(min=1),
         help="Requests per target pass (batched static-cache engine, Llama-family pairs). "
-        "[default: auto, 8 on CPU, 64 on CUDA; not part of the run id]",
+        "[default: auto, 16 on CPU, 64 on CUDA; not part of the run id]",
     )
     @click.option(
         "--cuda-graphs",

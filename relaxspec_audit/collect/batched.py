@@ -62,9 +62,11 @@ from relaxspec_audit.collect.stops import StopStrings
 from relaxspec_audit.verify import rng
 from relaxspec_audit.verify.block import Block
 
-#: Batch size of ``batch_size=None`` ("auto"): CPU cores are saturated by a few rows of a
-#: real model (compute-bound once batched, docs/PERFORMANCE.md); a GPU wants many rows.
-AUTO_BATCH = {"cpu": 8, "cuda": 64, "mps": 16}
+#: Batch size of ``batch_size=None`` ("auto"). On CPU 16 rows, not fewer: MKL's fp32 GEMM
+#: is slower at 4-12 rows than at 16, so a real pair's round costs 209 ms per row at 16 rows
+#: against 314 at 8 (docs/PERFORMANCE.md, "Where the real pair's batch-16 time goes"); a
+#: GPU wants many rows.
+AUTO_BATCH = {"cpu": 16, "cuda": 64, "mps": 16}
 
 
 def fast_path_reason(pair: Pair) -> str | None:
@@ -83,7 +85,7 @@ def resolve_batch_size(batch_size: int | None, device: torch.device, n_requests:
 
     Never more rows than requests: an idle row costs as much as a busy one.
     """
-    b = batch_size if batch_size is not None else AUTO_BATCH.get(device.type, 8)
+    b = batch_size if batch_size is not None else AUTO_BATCH.get(device.type, AUTO_BATCH["cpu"])
     return max(1, min(b, n_requests))
 
 

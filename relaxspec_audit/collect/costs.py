@@ -225,7 +225,7 @@ def planned_batch_size(config: Any) -> int:
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     # Never more rows than requests (resolve_batch_size), when the limit is known.
-    b = AUTO_BATCH.get(device, 8)
+    b = AUTO_BATCH.get(device, AUTO_BATCH["cpu"])
     return min(b, config.limit) if config.limit else b
 
 
