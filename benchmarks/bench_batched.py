@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_decoder import SHAPES, load, prompts_for
+from bench_decoder import SHAPES, device_dtype, load, prompts_for
 
 from relaxspec_audit.collect import batched
 from relaxspec_audit.collect.config import RunConfig
@@ -184,13 +184,7 @@ def main() -> None:
     )
     args = ap.parse_args()
 
-    torch.set_num_threads(args.threads)
-    device = torch.device(
-        ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    )
-    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32}.get(
-        args.dtype, getattr(torch, args.dtype, torch.float32)
-    )
+    device, dtype = device_dtype(args.device, args.dtype, args.threads)
     if args.cuda_graphs and device.type != "cuda":
         sys.exit(f"--cuda-graphs needs a CUDA device, got {device}")
     paths = (args.target, args.draft) if args.target and args.draft else None

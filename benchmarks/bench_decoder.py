@@ -88,6 +88,19 @@ def random_pair(name: str, device: torch.device, dtype: torch.dtype, seed: int =
     return collect.make_pair(target, draft, None)
 
 
+def device_dtype(device: str, dtype: str, threads: int) -> tuple[torch.device, torch.dtype]:
+    """Set the torch CPU threads; the device and dtype of ``--device`` / ``--dtype``.
+
+    ``auto``: CUDA when present, else CPU; bf16 on CUDA, else float32.
+    """
+    torch.set_num_threads(threads)
+    dev = torch.device(
+        ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    )
+    default = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    return dev, default if dtype == "auto" else getattr(torch, dtype, torch.float32)
+
+
 def load(pair_name: str, device: torch.device, dtype: torch.dtype, paths=None):
     if paths:
         target, draft = paths

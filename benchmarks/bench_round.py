@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_decoder import SHAPES, load
+from bench_decoder import SHAPES, device_dtype, load
 
 from relaxspec_audit.collect.fastmodel import FastLM
 
@@ -91,13 +91,7 @@ def main() -> None:
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args()
 
-    torch.set_num_threads(args.threads)
-    device = torch.device(
-        ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    )
-    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32}.get(
-        args.dtype, getattr(torch, args.dtype, torch.float32)
-    )
+    device, dtype = device_dtype(args.device, args.dtype, args.threads)
     paths = (args.target, args.draft) if args.target and args.draft else None
     name, pair = load(args.pair, device, dtype, paths)
     name = f"{args.target} / {args.draft}" if paths else name

@@ -349,6 +349,19 @@ def test_auto_batch_size():
     assert batched.resolve_batch_size(32, cuda, 100) == 32
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda", "mps", "auto"])
+@pytest.mark.parametrize("limit", [None, 3, 100])
+def test_the_planned_auto_batch_is_the_batch_that_runs(device, limit):
+    """The cost table's key (costs.planned_batch_size) names the batch the engine will run."""
+    from relaxspec_audit.collect.costs import planned_batch_size
+
+    config = RunConfig(rule="greedy", device=device, limit=limit)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    runs = batched.resolve_batch_size(None, torch.device(device), limit or 10_000)
+    assert planned_batch_size(config) == runs
+
+
 def test_other_causal_lms_take_the_generic_path_and_the_manifest_says_so(pair, tmp_path):
     """A GPT-2 pair is served by the one-request transformers path, recorded in the manifest."""
     from transformers import GPT2Config, GPT2LMHeadModel
