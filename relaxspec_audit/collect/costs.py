@@ -215,18 +215,17 @@ def stored(runs_dir: str | Path) -> list[CostTable]:
 
 def planned_batch_size(config: Any) -> int:
     """The rows per pass the batched engine will use (its automatic choice when None)."""
-    from relaxspec_audit.collect.batched import AUTO_BATCH
+    import torch
+
+    from relaxspec_audit.collect.batched import resolve_batch_size
 
     if config.batch_size is not None:
         return config.batch_size
-    device = "cuda" if config.device.startswith("cuda") else config.device
+    device = config.device
     if device == "auto":
-        import torch
-
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    # Never more rows than requests (resolve_batch_size), when the limit is known.
-    b = AUTO_BATCH.get(device, AUTO_BATCH["cpu"])
-    return min(b, config.limit) if config.limit else b
+    # The engine's own choice; the limit, when known, bounds the requests it will see.
+    return resolve_batch_size(None, torch.device(device), config.limit or 2**62)
 
 
 def find_or_calibrate(
