@@ -10,8 +10,10 @@ the prompt lengths and the machine (with its load average before and after).
 
 Each batched configuration is one engine, built and run once untimed (allocation, CUDA-graph
 capture of every width it narrows to: reported apart as ``first_run_s``), then timed on
-the same engine, as a server would run it. ``--json`` is rewritten after every section, so
-a run stopped by a timeout keeps what it measured.
+the same engine, as a server would run it. ``--compare-off`` also times twins of each
+batched engine with one of its features switched off (narrowing, the attention window),
+interleaved with it. ``--json`` is rewritten after every section, so a
+run stopped by a timeout keeps what it measured.
 
     python benchmarks/bench_batched.py [--pair auto] [--prompts 32] [--batch-sizes 1,4,8,16]
     python benchmarks/bench_batched.py --target T --draft D --dtype float32 --threads 2
@@ -59,19 +61,34 @@ def _timed(fn, device) -> tuple[float, list]:
     return time.perf_counter() - t, rows
 
 
-def baseline(pair, reqs, config: RunConfig) -> list:
+def baseline(pair, reqs, config: RunConfig, stops=None) -> list:
     """The one-request engine over ``reqs`` (the batch-1 baseline)."""
-    return [decode_request(pair, ids, config, rid, timing=False) for rid, ids in reqs]
+    return [decode_request(pair, ids, config, rid, timing=False, stops=stops) for rid, ids in reqs]
+
+
+#: Engine features ``--compare-off`` can switch off, each timed against the default engine:
+#: (label of the variant, how to switch it off on a built engine).
+FEATURES = {
+    # BatchedEngine._narrow: the batch halves as it drains
+    "narrow": ("never narrowed", lambda e: setattr(e, "narrow", False)),
+    # batched.KV_BLOCK: calls attend the rows' context, not the whole static cache
+    "window": ("whole-cache attention", lambda e: setattr(e, "kv_block", e.s_max)),
+}
 
 
 class Engine:
-    """One batched engine, reused across repeats; its first run is untimed set-up."""
+    """One batched engine, reused across repeats; its first run is untimed set-up.
 
-    def __init__(self, pair, reqs, config: RunConfig, batch: int, device, narrow: bool = True):
+    ``off``: names of :data:`FEATURES` switched off.
+    """
+
+    def __init__(self, pair, reqs, config: RunConfig, batch: int, device, off=(), stops=None):
         b = batched.resolve_batch_size(batch, device, len(reqs))
         longest = max(len(ids) for _, ids in reqs)
         self.reqs, self.device = reqs, device
-        self.engine = batched.BatchedEngine(pair, config, b, longest, narrow=narrow)
+        self.engine = batched.BatchedEngine(pair, config, b, longest, stops)
+        for name in off:
+            FEATURES[name][1](self.engine)
         self.first_run_s = _timed(self._decode, device)[0]
 
     def _decode(self) -> list:
@@ -146,6 +163,12 @@ def main() -> None:
         "does not depend on how many; default: all)",
     )
     ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument(
+        "--stops",
+        action="store_true",
+        help="end rows at the task's decode-time stop strings, as collect does (HumanEval: "
+        "answers end far before --max-new-tokens, which still sizes the KV cache)",
+    )
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--batch-sizes", default="1,4,8,16")
     ap.add_argument(
@@ -165,10 +188,15 @@ def main() -> None:
         "graphs (collect.graphs), interleaved with the eager run",
     )
     ap.add_argument(
+        "--compare-off",
+        default="",
+        help="comma list of engine features (" + ", ".join(FEATURES) + "): also time each "
+        "batched run with that feature switched off, interleaved with the default run",
+    )
+    ap.add_argument(
         "--compare-narrow",
         action="store_true",
-        help="also time each batched run without narrowing the batch as it drains "
-        "(BatchedEngine._narrow), interleaved with the default run",
+        help="the same as --compare-off narrow (the batch halves as it drains)",
     )
     ap.add_argument(
         "--hf-static",
@@ -185,6 +213,9 @@ def main() -> None:
     args = ap.parse_args()
 
     device, dtype = device_dtype(args.device, args.dtype, args.threads)
+    compare_off = [f for f in args.compare_off.split(",") if f] + ["narrow"] * args.compare_narrow
+    if unknown := set(compare_off) - set(FEATURES):
+        sys.exit(f"--compare-off: unknown feature(s) {sorted(unknown)} (known: {list(FEATURES)})")
     if args.cuda_graphs and device.type != "cuda":
         sys.exit(f"--cuda-graphs needs a CUDA device, got {device}")
     paths = (args.target, args.draft) if args.target and args.draft else None
@@ -194,6 +225,13 @@ def main() -> None:
     prompts = prompts_for(name, pair, args.prompts, task=args.task)  # a task's, for paths too
     name = f"{args.target} / {args.draft}" if paths else name
     reqs = [(f"bench-{i:04d}", ids) for i, ids in enumerate(prompts)]
+    stops = None
+    if args.stops:
+        from relaxspec_audit import tasks
+        from relaxspec_audit.collect.stops import StopStrings
+
+        stop = tasks.load_task(args.task, limit=1).stop
+        stops = StopStrings(pair.tokenizer, stop) if stop else None
     base_reqs = reqs[: args.baseline_prompts] if args.baseline_prompts else reqs
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]  # "": transformers only
@@ -202,7 +240,8 @@ def main() -> None:
     setup = (f"pair {name}, {device} {str(dtype).removeprefix('torch.')}, {args.threads} "
              f"thread(s); {len(prompts)} prompts of {min(lens)}-{max(lens)} tokens (mean "
              f"{sum(lens) / len(lens):.0f}), baseline on {len(base_reqs)}, K = {args.k}, "
-             f"{args.max_new_tokens} new tokens, {args.repeats} repeats")  # fmt: skip
+             f"{args.max_new_tokens} new tokens{' (or a stop string)' if stops else ''}, "
+             f"{args.repeats} repeats")  # fmt: skip
     print(setup, flush=True)
     base = dict(k=args.k, max_new_tokens=args.max_new_tokens, device=str(device))
     results: dict[str, object] = {"setup": setup}
@@ -213,20 +252,21 @@ def main() -> None:
 
     for mode in modes:
         config = RunConfig(**base, **MODES[mode])
-        baseline(pair, base_reqs[:2], config)  # warm-up
-        variants = {str(b): (config, b, True) for b in sizes}
+        baseline(pair, base_reqs[:2], config, stops)  # warm-up
+        variants = {str(b): (config, b, ()) for b in sizes}
         if args.cuda_graphs:
             graphed = RunConfig(**base, **MODES[mode], cuda_graphs=True)
-            variants.update({f"g{b}": (graphed, b, True) for b in sizes})
-        if args.compare_narrow:
-            variants.update({f"w{b}": (config, b, False) for b in sizes})
+            variants.update({f"g{b}": (graphed, b, ()) for b in sizes})
+        for name in compare_off:
+            variants.update({f"{name}-off{b}": (config, b, (name,)) for b in sizes})
         engines = {
-            key: Engine(pair, reqs, c, b, device, narrow=n) for key, (c, b, n) in variants.items()
+            key: Engine(pair, reqs, c, b, device, off=off, stops=stops)
+            for key, (c, b, off) in variants.items()
         }
         per: dict[str, list[float]] = {"base": [], **{key: [] for key in engines}}
         last: dict[str, list] = {}
         for _ in range(args.repeats):  # interleaved: each variant right after the others
-            s, rows = _timed(lambda c=config: baseline(pair, base_reqs, c), device)
+            s, rows = _timed(lambda c=config: baseline(pair, base_reqs, c, stops), device)
             per["base"].append(_tokens(rows) / s)
             for key, engine in engines.items():
                 s, last[key] = engine.run()
@@ -241,11 +281,12 @@ def main() -> None:
                 }
                 for b in sizes
             }
-        if args.compare_narrow:  # the narrowed engine over the never-narrowed twin
-            r["narrow_off"] = {
+        for name in compare_off:  # the default engine over its twin without the feature
+            r[f"{name}_off"] = {
                 f"b{b}": {
-                    **_cell(per, engines, f"w{b}", "base"),
-                    "narrowing_speedup": _median_ratio(per[str(b)], per[f"w{b}"]),
+                    **_cell(per, engines, f"{name}-off{b}", "base"),
+                    "speedup": _median_ratio(per[str(b)], per[f"{name}-off{b}"]),
+                    "same_outputs": _same_outputs(last[f"{name}-off{b}"], last[str(b)]),
                 }
                 for b in sizes
             }
@@ -259,8 +300,8 @@ def main() -> None:
         on_off = []
         cfg_on = RunConfig(**base, **MODES["greedy spec."])
         cfg_off = RunConfig(**base, **MODES["greedy spec."], log_positions=False)
-        on = Engine(pair, reqs, cfg_on, args.log_overhead, device)
-        off = Engine(pair, reqs, cfg_off, args.log_overhead, device)
+        on = Engine(pair, reqs, cfg_on, args.log_overhead, device, stops=stops)
+        off = Engine(pair, reqs, cfg_off, args.log_overhead, device, stops=stops)
         for _ in range(args.repeats):
             on_off.append(on.run()[0] / off.run()[0])
         results[f"log_overhead_b{args.log_overhead}"] = statistics.median(on_off)
@@ -294,13 +335,14 @@ def main() -> None:
                 for b in sizes
             )
             print(f"| {mode}, CUDA graphs | – | {cells} |")
-        if "narrow_off" in r:
-            w = r["narrow_off"]
+        for name in compare_off:
+            w = r[f"{name}_off"]
             cells = " | ".join(
-                f"{w[f'b{b}']['tok_s']:.0f} (narrowing {w[f'b{b}']['narrowing_speedup']:.2f}×)"
+                f"{w[f'b{b}']['tok_s']:.1f} ({name} {w[f'b{b}']['speedup']:.2f}×, "
+                f"{w[f'b{b}']['same_outputs']:.0%} same)"
                 for b in sizes
             )
-            print(f"| {mode}, never narrowed | – | {cells} |")
+            print(f"| {mode}, {FEATURES[name][0]} | – | {cells} |")
     for key, val in results.items():
         if key.startswith("log_overhead"):
             print(f"\nlogging on/off at batch {key.removeprefix('log_overhead_b')} "

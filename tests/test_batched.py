@@ -236,6 +236,42 @@ def test_cuda_batched_logs_equal_one_request_logs_up_to_near_ties(which, request
             assert rows.request["output_ids"] == replayed[rid].request["output_ids"], (rule, rid)
 
 
+@pytest.mark.parametrize("rule, params", [("exact", {}), ("asd", {"budget": 0.25}), ("target", {})])
+def test_calls_attend_a_window_that_covers_every_position_they_feed(
+    pair, monkeypatch, rule, params
+):
+    """Every call attends the cache slots below its furthest real position, rounded up to
+    ``kv_block`` (8 here, so windows grow within a request and differ across a batch),
+    never the whole cache: each real position of a call lies inside its window (a position
+    outside would lose keys it must see), and the logs stay one-request logs up to
+    near-ties. Prefills of refilled rows, draft steps, verify and target-only steps alike."""
+    config = _cfg(rule, params=params)
+    reqs = _requests(pair, "arith", 8) + _requests(pair, "story", 4)
+    calls: list[tuple[int | None, int]] = []  # (kv_len, furthest real position)
+    forward = batched.FastLM.forward
+
+    def spy(self, ids, input_pos, rows=None, keep=None, kv_len=None):
+        real = input_pos[input_pos < self.scratch]
+        calls.append((kv_len, int(real.max()) if real.numel() else -1))
+        return forward(self, ids, input_pos, rows=rows, keep=keep, kv_len=kv_len)
+
+    monkeypatch.setattr(batched.FastLM, "forward", spy)
+    engine = batched.BatchedEngine(pair, config, 5, max(len(ids) for _, ids in reqs))
+    engine.kv_block = 8
+    many = {r.request_id: r for r in engine.run(reqs)}
+    assert all(kv is not None and furthest < kv for kv, furthest in calls), calls
+    windows = {kv for kv, _ in calls}
+    assert (
+        len(windows) > 3
+        and min(windows) < engine.s_max
+        and all(w % 8 == 0 or w == engine.s_max for w in windows)
+    )
+    monkeypatch.undo()
+    one = {rid: decode_request(pair, ids, config, rid) for rid, ids in reqs}
+    for rid in one:
+        assert_same_up_to_near_tie(one[rid], many[rid], config)
+
+
 def test_an_engine_serves_run_after_run_alike(pair):
     """One engine, its caches kept, decodes the same requests twice to the same logs: the
     rule state (ASD ledgers, narrowed to the last run's width) starts afresh each run, and

@@ -76,11 +76,18 @@ class _Mirror:
     """A FastLM under test and the sequence each of its rows should now hold."""
 
     def __init__(
-        self, model, batch: int, max_seq_len: int, seed: int = 0, rel: float | None = None
+        self,
+        model,
+        batch: int,
+        max_seq_len: int,
+        seed: int = 0,
+        rel: float | None = None,
+        windowed: bool = False,
     ) -> None:
         """``rel``: compare with a tolerance of ``rel`` × the reference's largest logit
-        (low precision) instead of :data:`ATOL`."""
-        self.model, self.s_max, self.rel = model, max_seq_len, rel
+        (low precision) instead of :data:`ATOL`. ``windowed``: every call attends only the
+        tightest window its positions allow (``kv_len`` = its furthest position + 1)."""
+        self.model, self.s_max, self.rel, self.windowed = model, max_seq_len, rel, windowed
         self.device = next(model.parameters()).device
         self.fast = FastLM.from_hf(model)
         self.fast.setup_cache(batch, max_seq_len)
@@ -106,7 +113,8 @@ class _Mirror:
                 start, toks = feed
                 ids[row, : len(toks)] = torch.tensor(toks)
                 pos[row, : len(toks)] = torch.arange(start, start + len(toks))
-        out = self.fast(ids.to(self.device), pos.to(self.device))  # [B, T, V]
+        kv_len = int(pos[pos < self.s_max].max()) + 1 if self.windowed else None
+        out = self.fast(ids.to(self.device), pos.to(self.device), kv_len=kv_len)  # [B, T, V]
         assert out.shape == (len(feeds), t, self.model.config.vocab_size)
         assert out.dtype == self.model.dtype
         assert torch.isfinite(out).all()  # pads' queries are never fully masked
@@ -128,6 +136,26 @@ class _Mirror:
 
 def test_logits_match_transformers_per_row(hf_model):
     _ragged_batch(_Mirror(hf_model, batch=3, max_seq_len=32))
+
+
+def test_logits_match_transformers_in_the_tightest_attention_window(hf_model):
+    """``kv_len`` = the call's furthest position + 1: the same logits, though stale K/V of
+    rolled-back and refilled rows lie beyond the window or inside it, masked."""
+    _ragged_batch(_Mirror(hf_model, batch=3, max_seq_len=32, windowed=True))
+
+
+def test_an_attention_window_cuts_what_lies_beyond_it(tiny_llama_pair):
+    m = _Mirror(tiny_llama_pair.target, batch=1, max_seq_len=24, seed=5)
+    m.step([(0, m.tokens(10))])
+    ids, pos = torch.tensor([m.tokens(1)]), torch.tensor([[10]])
+    whole = m.fast(ids, pos)  # [1, 1, V]
+    torch.testing.assert_close(m.fast(ids, pos, kv_len=11), whole, atol=ATOL, rtol=0)
+    # A window short of the query's position drops keys it should see: other logits. (The
+    # engine never does this; the check shows that kv_len really bounds the attention.)
+    assert (m.fast(ids, pos, kv_len=4) - whole).abs().max() > 100 * ATOL
+    for bad in (0, 25):
+        with pytest.raises(ValueError, match=f"kv_len {bad} is not in 1 .. 24"):
+            m.fast(ids, pos, kv_len=bad)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run benchmarks/gpu.sh)")

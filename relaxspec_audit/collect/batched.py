@@ -68,6 +68,14 @@ from relaxspec_audit.verify.block import Block
 #: GPU wants many rows.
 AUTO_BATCH = {"cpu": 16, "cuda": 64, "mps": 16}
 
+#: Calls attend the cache slots below the batch's furthest position, rounded up to a
+#: multiple of this (FastLM's ``kv_len``). The static cache is sized for the longest prompt
+#: plus ``max_new_tokens``; HumanEval rows sit near a third of that, and attending the whole
+#: cache cost a bf16 verify pass 24 % on the CPU (docs/PERFORMANCE.md, "The attention
+#: window"). Rounding keeps CUDA-graph captures to ``S_max / KV_BLOCK`` per shape; on a CPU
+#: it costs at most 127 masked keys.
+KV_BLOCK = 128
+
 
 def fast_path_reason(pair: Pair) -> str | None:
     """Why ``pair`` cannot use the batched static-cache engine (None when it can)."""
@@ -178,6 +186,7 @@ class BatchedEngine:
         # Positions a row can reach: prompt + output + the K drafts of the last round.
         self.s_max = max_prompt + config.max_new_tokens + self.k + 1
         self.kv_bytes = check_kv_fits(pair, batch_size, self.s_max)
+        self.kv_block = KV_BLOCK  # attention windows round up to this (S_max or more: none)
         self.target = FastLM.from_hf(pair.target)
         self.target.setup_cache(batch_size, self.s_max)
         self.draft = None
@@ -293,7 +302,11 @@ class BatchedEngine:
         which = torch.tensor(slots, device=dev)
         for model in (self.target, self.draft):
             if model is not None:
-                model(ids, pos, rows=which, keep=1)
+                model(ids, pos, rows=which, keep=1, kv_len=self._window(width))
+
+    def _window(self, n: int) -> int:
+        """The ``kv_len`` of a call whose positions are all below ``n``: ``n`` rounded up."""
+        return min(-(-n // self.kv_block) * self.kv_block, self.s_max)
 
     def _admit(self, request: tuple[str, list[int]] | None) -> _Row | None:
         """A row for the next request (its prompt is prefilled by :meth:`_prefill`)."""
@@ -364,6 +377,7 @@ class BatchedEngine:
         live_dev[live] = True
         live_dev = live_dev.to(dev)
         base = torch.from_numpy(n_len).to(dev)  # [B]
+        kv = self._window(int(n_len[live].max()) + k)  # verify's last position: L + K - 1
         t0 = timer.now()
         # --- draft: K tokens for every row (fixed shapes); the first call feeds what each
         # row's draft cache lacks (1 or 2 tokens, left-padded to 2 with the scratch slot).
@@ -372,7 +386,7 @@ class BatchedEngine:
         idle = torch.full_like(pos, scratch)
         drafts, q_rows, d_bad = [], [], []
         for i in range(k):
-            logits = self._draft_call(ids, pos, keep=1)[:, -1, :v].float()  # [B, V]
+            logits = self._draft_call(ids, pos, keep=1, kv_len=kv)[:, -1, :v].float()  # [B, V]
             logits, bad = guard_logits(logits)  # [B, V], [B]: read with the round's copy
             d_bad.append(bad)
             q_i = transform_logits(logits, cfg.temperature, cfg.top_k, cfg.top_p)  # [B, V]
@@ -402,7 +416,7 @@ class BatchedEngine:
         t_ids = torch.cat([last[:, None], drafts_t], 1)  # [B, K+1]
         t_pos = (base - 1)[:, None] + torch.arange(k + 1, device=dev)[None]  # [B, K+1]
         t_pos = torch.where(live_dev[:, None], t_pos, torch.full_like(t_pos, scratch))
-        z = self._target_call(t_ids, t_pos)[..., :v].float()  # [B, K+1, V]
+        z = self._target_call(t_ids, t_pos, kv_len=kv)[..., :v].float()  # [B, K+1, V]
         z, t_bad = guard_logits(z)  # [B, K+1, V], [B, K+1]
         # Only what the one-request engine computes counts: live rows, their block's drafts
         # and its k_r + 1 target rows (idle rows and slots past a block's end are padding).
@@ -501,8 +515,11 @@ class BatchedEngine:
             r = rows[i]
             ids[i, 0], pos[i, 0] = r.seq[-1], len(r.seq) - 1
             u[i] = r.u_all[2, r.n_out]
+        kv = self._window(max(len(rows[i].seq) for i in live))
         t0 = timer.now()
-        z = self._target_call(torch.from_numpy(ids).to(dev), torch.from_numpy(pos).to(dev))
+        z = self._target_call(
+            torch.from_numpy(ids).to(dev), torch.from_numpy(pos).to(dev), kv_len=kv
+        )
         z, bad = guard_logits(z[:, -1, :v].float())  # [B, V], [B]
         p = None
         if cfg.greedy:

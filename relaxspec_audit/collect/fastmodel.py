@@ -20,8 +20,14 @@ cast to the model's dtype), not gpt-fast's interleaved pairs, because the weight
 Padding. A row with fewer than ``T`` tokens in a call pads its slots with any token id at
 position ``S_max`` (the scratch position). The cache has ``S_max + 1`` slots; pads write
 their K/V to the scratch slot ``S_max``, which no query ever attends (the mask covers only
-``0 .. S_max - 1``). A pad's own query attends to the whole row (its logits are garbage, to
-be ignored) so that no query row is fully masked (which would give NaN).
+``0 .. S_max - 1``). A pad's own query attends to the whole window (its logits are garbage,
+to be ignored) so that no query row is fully masked (which would give NaN).
+
+The attention window. A call may attend only the first ``kv_len`` slots, when the caller
+knows (on the host) that every real position of the call is below it. Keys past a
+query's position are masked anyway, so the logits are the same up to the float rounding
+of a shorter reduction; what changes is the cost: attention reads the rows' context
+rather than the whole cache, which is sized for the longest prompt plus ``max_new_tokens``.
 
 Rollback is implicit (the invariant). For every row, a call's real slots are contiguous
 positions ``s .. s + n - 1`` and every position ``< s`` holds the K/V of the row's current
@@ -34,7 +40,7 @@ overwritten before any query at those positions could see them; a new request in
 (continuous batching) starts again at position 0. Nothing is ever cleared or cropped.
 
 No host syncs in ``forward`` (no ``.item()``, no Python branch on tensor values) and fixed
-shapes for a fixed ``(B, T)``. Inference only: ``forward`` runs under ``torch.no_grad``
+shapes for a fixed ``(B, T, kv_len)``. Inference only: ``forward`` runs under ``torch.no_grad``
 (the cache is written in place and must not keep an autograd graph between calls).
 
 Unlike the rest of the package this module imports torch at the top (it defines a
@@ -155,6 +161,7 @@ class _Block(nn.Module):
         write_idx: torch.Tensor,
         mask: torch.Tensor,
     ) -> torch.Tensor:
+        n_keys = mask.shape[-1]
         b, t, _ = x.shape
         h = _rms_norm(x, self.attn_norm, self.eps)  # [B, T, E]
         q = self.q_proj(h).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
@@ -165,12 +172,11 @@ class _Block(nn.Module):
         # causally; pads all land in the scratch slot S_max (duplicates: any one wins).
         k_cache.scatter_(2, write_idx, k)  # [B, Hkv, S_max + 1, D]
         v_cache.scatter_(2, write_idx, v)  # [B, Hkv, S_max + 1, D]
-        s_max = k_cache.shape[2] - 1
-        keys, values = k_cache[:, :, :s_max], v_cache[:, :, :s_max]  # [B, Hkv, S_max, D]
+        keys, values = k_cache[:, :, :n_keys], v_cache[:, :, :n_keys]  # [B, Hkv, S_kv, D]
         if self.n_heads != self.n_kv and not _SDPA_GQA:  # config constant, not tensor data
             rep = self.n_heads // self.n_kv
-            keys = keys.repeat_interleave(rep, dim=1)  # [B, H, S_max, D]
-            values = values.repeat_interleave(rep, dim=1)  # [B, H, S_max, D]
+            keys = keys.repeat_interleave(rep, dim=1)  # [B, H, S_kv, D]
+            values = values.repeat_interleave(rep, dim=1)  # [B, H, S_kv, D]
         gqa = {"enable_gqa": True} if self.n_heads != self.n_kv and _SDPA_GQA else {}
         y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, **gqa)  # [B,H,T,D]
         y = y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)  # [B, T, H*D]
@@ -273,6 +279,7 @@ class FastLM(nn.Module):
         input_pos: torch.Tensor,
         rows: torch.Tensor | None = None,
         keep: int | None = None,
+        kv_len: int | None = None,
     ) -> torch.Tensor:
         """Logits of ``ids`` at per-row positions, writing their K/V into the cache.
 
@@ -286,6 +293,12 @@ class FastLM(nn.Module):
                 Prefilling a new request in one row costs that row alone, not ``B`` rows.
             keep: only the last ``keep`` positions get logits (None: all ``T``); a
                 prefill needs none or one, and ``[T, V]`` logits of a long prompt are large.
+            kv_len: attend only cache slots ``0 .. kv_len - 1`` (None: all ``S_max``). The
+                caller guarantees every real position of the call is below it (a host
+                number: checking it here would read ``input_pos`` back, a sync). Attention
+                then costs the rows' context, not the cache's capacity: a static cache is
+                sized for the longest prompt plus ``max_new_tokens``, and most rows sit
+                far below that.
 
         Returns:
             ``[B, keep or T, V]`` logits in the model's dtype (padded slots: garbage).
@@ -298,8 +311,11 @@ class FastLM(nn.Module):
         cos = self.cos[input_pos][:, None]  # [B, 1, T, D], broadcast over heads
         sin = self.sin[input_pos][:, None]  # [B, 1, T, D]
         write_idx = input_pos[:, None, :, None].expand(b, n_kv, t, d)  # [B, Hkv, T, D]
-        key_pos = torch.arange(slots - 1, device=ids.device)  # [S_max], never the scratch slot
-        mask = key_pos[None, None, None, :] <= input_pos[:, None, :, None]  # [B, 1, T, S_max]
+        n_keys = slots - 1 if kv_len is None else kv_len
+        if not 0 < n_keys < slots:
+            raise ValueError(f"kv_len {kv_len} is not in 1 .. {slots - 1} (the cache's S_max)")
+        key_pos = torch.arange(n_keys, device=ids.device)  # [S_kv], never the scratch slot
+        mask = key_pos[None, None, None, :] <= input_pos[:, None, :, None]  # [B, 1, T, S_kv]
         for i, block in enumerate(self.blocks):
             if rows is None:  # rows 0 .. b-1: a view, so a narrowed batch writes in place
                 x = block(x, cos, sin, self.k_cache[i][:b], self.v_cache[i][:b], write_idx, mask)

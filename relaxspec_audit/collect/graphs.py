@@ -3,9 +3,11 @@
 Within a run the batched engine calls :class:`~relaxspec_audit.collect.fastmodel.FastLM`
 with a handful of shapes that never change: the draft's first step ``[B, 2]`` and its
 later steps ``[B, 1]`` (``keep=1``), the target's verify pass ``[B, K + 1]`` and a
-target-only step ``[B, 1]``. Eagerly, each call is a few hundred small kernel launches
-plus Python; at batch 1 on an H200 that is what held a decode step at 2.9 % of the
-bandwidth roofline (issue 12). A CUDA graph replays the launches as one.
+target-only step ``[B, 1]``, each over an attention window of a multiple of
+``batched.KV_BLOCK`` slots (a few per run: one graph per shape and window). Eagerly, each
+call is a few hundred small kernel launches plus Python; at batch 1 on an H200 that is
+what held a decode step at 2.9 % of the bandwidth roofline (issue 12). A CUDA graph
+replays the launches as one.
 
 After PyTorch's CUDA-graph recipe (``torch.cuda.graphs``; gpt-fast gets the same from
 ``torch.compile(mode="reduce-overhead")``): per shape, warm up on a side stream, capture
@@ -57,7 +59,7 @@ class GraphedLM:
     def __init__(self, model: Any, capture: Capture | None = None) -> None:
         self.model = model
         self._capture = capture or cuda_capture
-        self._graphs: dict[tuple[tuple[int, ...], int | None], _Graph] = {}
+        self._graphs: dict[tuple[tuple[int, ...], int | None, int | None], _Graph] = {}
         self._pool: Any = None
 
     @property
@@ -66,23 +68,27 @@ class GraphedLM:
         return len(self._graphs)
 
     def __call__(
-        self, ids: torch.Tensor, input_pos: torch.Tensor, keep: int | None = None
+        self,
+        ids: torch.Tensor,
+        input_pos: torch.Tensor,
+        keep: int | None = None,
+        kv_len: int | None = None,
     ) -> torch.Tensor:
         """Logits of ``ids`` at ``input_pos`` (as ``FastLM.forward``), a fresh tensor."""
-        key = (tuple(ids.shape), keep)
+        key = (tuple(ids.shape), keep, kv_len)  # the attention window is a shape too
         graph = self._graphs.get(key)
         if graph is None:
-            graph = self._graphs[key] = self._new(ids, keep)
+            graph = self._graphs[key] = self._new(ids, keep, kv_len)
         graph.ids.copy_(ids)
         graph.pos.copy_(input_pos)
         graph.replay()
         return graph.out.clone()
 
-    def _new(self, ids: torch.Tensor, keep: int | None) -> _Graph:
+    def _new(self, ids: torch.Tensor, keep: int | None, kv_len: int | None = None) -> _Graph:
         static_ids = torch.zeros_like(ids)  # [B, T]
         static_pos = torch.full_like(ids, self.model.scratch)  # [B, T]: writes hit scratch only
         replay, out, self._pool = self._capture(
-            lambda: self.model(static_ids, static_pos, keep=keep), self._pool
+            lambda: self.model(static_ids, static_pos, keep=keep, kv_len=kv_len), self._pool
         )
         return _Graph(static_ids, static_pos, out, replay)
 
