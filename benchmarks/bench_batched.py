@@ -12,8 +12,8 @@ Each batched configuration is one engine, built and run once untimed (allocation
 capture of every width it narrows to: reported apart as ``first_run_s``), then timed on
 the same engine, as a server would run it. ``--compare-off`` also times twins of each
 batched engine with one of its features switched off (narrowing, the attention window),
-interleaved with it. ``--json`` is rewritten after every section, so a
-run stopped by a timeout keeps what it measured.
+interleaved with it. ``--json`` is rewritten after every section, so a run stopped by a
+timeout keeps what it measured.
 
     python benchmarks/bench_batched.py [--pair auto] [--prompts 32] [--batch-sizes 1,4,8,16]
     python benchmarks/bench_batched.py --target T --draft D --dtype float32 --threads 2
