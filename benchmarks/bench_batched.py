@@ -35,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_decoder import SHAPES, device_dtype, load, prompts_for
+from bench_decoder import SHAPES, device_dtype, load, prompts_for, sync
 
 from relaxspec_audit.collect import batched
 from relaxspec_audit.collect.config import RunConfig
@@ -48,16 +48,11 @@ MODES = {
 }
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def _timed(fn, device) -> tuple[float, list]:
-    _sync(device)
+    sync(device)
     t = time.perf_counter()
     rows = fn()
-    _sync(device)
+    sync(device)
     return time.perf_counter() - t, rows
 
 

@@ -145,12 +145,12 @@ def roofline(pair, device: torch.device, k: int, context: int = 128) -> dict:
     buf = torch.empty(n_bytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(buf)
     dst.copy_(buf)
-    _sync(device)
+    sync(device)
     reps = 10
     t0 = time.perf_counter()
     for _ in range(reps):
         dst.copy_(buf)
-    _sync(device)
+    sync(device)
     bandwidth = 2 * n_bytes * reps / (time.perf_counter() - t0)  # bytes/s, read + write
     del buf, dst
     param_bytes = sum(p.numel() * p.element_size() for p in pair.target.parameters())
@@ -163,10 +163,10 @@ def roofline(pair, device: torch.device, k: int, context: int = 128) -> dict:
             samples = []
             for _ in range(20):
                 x = ids[:, :n_new]
-                _sync(device)
+                sync(device)
                 t0 = time.perf_counter()
                 _forward(pair.target, x, cache, keep=0)
-                _sync(device)
+                sync(device)
                 samples.append(time.perf_counter() - t0)
                 _crop(cache, context)
         return statistics.median(samples)
@@ -195,7 +195,8 @@ def _agreement(a: list[list[int]], b: list[list[int]]) -> float:
     return same / max(total, 1)
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA); a no-op elsewhere."""
     if device.type == "cuda":
         torch.cuda.synchronize()
 
@@ -327,10 +328,10 @@ def main() -> None:
         for i, ids in enumerate(prompts):
             order = list(methods) if (i + rep) % 2 == 0 else list(reversed(methods))
             for name in order:
-                _sync(device)
+                sync(device)
                 t0 = time.perf_counter()
                 out, n_pass = methods[name](ids, f"p{i}")
-                _sync(device)
+                sync(device)
                 rep_t[name] += time.perf_counter() - t0
                 if rep == 0:
                     tokens[name] += len(out)

@@ -31,14 +31,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_decoder import SHAPES, device_dtype, load
+from bench_decoder import SHAPES, device_dtype, load, sync
 
 from relaxspec_audit.collect.fastmodel import FastLM
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 class Calls:
@@ -113,10 +108,10 @@ def main() -> None:
         for _ in range(args.repeats):
             for b, c in calls.items():
                 for part in parts:
-                    _sync(device)
+                    sync(device)
                     t = time.perf_counter()
                     getattr(c, part)()
-                    _sync(device)
+                    sync(device)
                     times[b][part].append(time.perf_counter() - t)
     med = {b: {p: statistics.median(ts) for p, ts in parts_.items()} for b, parts_ in times.items()}
     results: dict[str, object] = {"setup": setup, "seconds": {str(b): m for b, m in med.items()}}
