@@ -4,8 +4,8 @@ Usage::
 
     .venv/bin/python benchmarks/bench_coverage.py [--reps 5000] [--seed 14]
 
-The larger version of the in-suite checks of issue 14 items 4–5 (tests/test_coverage.py,
-tests/test_power.py, whose models it imports), printed as markdown tables:
+The larger version of the in-suite checks of issue 14 items 4–5 (tests/audit/test_coverage.py,
+tests/audit/test_power.py, whose models it imports), printed as markdown tables:
 
 1. ``clustered_share`` (Korn–Graubard, Wilson on n*_df) against the CR1 Wald interval,
    on G requests with ``1 + Poisson(8)`` rejected drafts each and a Beta-Binomial share
@@ -31,6 +31,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "audit"))
 sys.path.insert(0, str(ROOT))
 
 

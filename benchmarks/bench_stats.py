@@ -25,6 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "audit"))
 sys.path.insert(0, str(ROOT))
 
 
@@ -49,7 +50,7 @@ def write(out: Path, rows: int, k: int = 7, rounds: int = 50) -> None:
 def audit(out: Path) -> None:
     import polars as pl
 
-    from relaxspec_audit import stats
+    from relaxspec_audit import audit as stats
 
     def frames(d: Path) -> stats.RunFrames:
         scan = {t: pl.scan_parquet(str(d / t / "*.parquet")) for t in stats_tables}

@@ -16,7 +16,7 @@ A worker that dies in a shard is replaced by a fresh one, which loads the pair a
 re-runs the shard's uncommitted requests from scratch (committed ones are kept), as the
 engine does. Both step and prefill costs are affine in the work, so a subset of a shard's
 requests never takes longer than the shard, and a death adds at most one shard's time plus
-a load and a dispatch (tests/test_scaling_sim.py checks both).
+a load and a dispatch (tests/batch/test_scaling_sim.py checks both).
 
 Usage (numpy only, seeded, a few seconds)::
 

@@ -298,3 +298,34 @@ def make_paired_requests(
                 )
         frames[arm] = pl.concat(rows)
     return frames["relaxed"], frames["reference"]
+
+
+def write_committed(run_dir, frames: dict[str, pl.DataFrame], manifest: dict) -> None:
+    """Write synthetic frames as one committed chunk of writer ``w0`` (parts, then the record).
+
+    The layout :class:`~relaxspec_audit.collect.writer.RunWriter` writes (a part per table,
+    a commit record naming each part's rows and sha256), so verified reads accept it.
+    """
+    import json
+    from pathlib import Path
+
+    from relaxspec_audit.collect import logs
+
+    run_dir = Path(run_dir)
+    parts = {}
+    for table in logs.TABLES:
+        df = frames.get(table)
+        if df is None or (table != "requests" and df.height == 0):
+            parts[table] = None
+            continue
+        (run_dir / table).mkdir(parents=True, exist_ok=True)
+        path = run_dir / table / "part-w0-00000.parquet"
+        df.write_parquet(path)
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        parts[table] = {"file": f"{table}/{path.name}", "rows": df.height, "sha256": digest}
+    ids = frames["requests"]["request_id"].to_list() if "requests" in frames else []
+    record = {"schema_version": logs.SCHEMA_VERSION, "writer": "w0", "chunk": 0,
+              "request_ids": ids, "parts": parts}  # fmt: skip
+    (run_dir / "commits").mkdir(parents=True, exist_ok=True)
+    (run_dir / "commits" / "w0-00000.json").write_text(json.dumps(record))
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))

@@ -1,6 +1,6 @@
 """``relaxspec-audit audit``: audit statistics of run folders, as text, JSON, CSV or markdown.
 
-The statistics are computed by :func:`relaxspec_audit.stats.audit_summary` (the same
+The statistics are computed by :func:`relaxspec_audit.audit.summary.audit_summary` (the same
 function notebooks and the batch runner call); this module parses, refuses a selection
 that mixes settings (``report.runs.check_one_setting``) and prints.
 """
@@ -227,14 +227,6 @@ def format_table(s: dict[str, Any]) -> str:
     help="Non-inferiority margin δ, a fraction of the score in [0, 1) (0.02 = 2 points).",
 )
 @click.option(
-    "--margin",
-    "old_margin",
-    type=float,
-    default=None,
-    hidden=True,  # deprecated
-    callback=_notebook_value("ni_margin"),
-)
-@click.option(
     "--alpha",
     type=float,
     default=0.05,
@@ -269,7 +261,6 @@ def audit(
     baseline: tuple[str, ...],
     theta_grid: tuple[float, ...] | None,
     ni_margin: float,
-    old_margin: float | None,
     alpha: float,
     correction: str,
     fmt: str | None,
@@ -281,23 +272,12 @@ def audit(
     The runs, and the references, must each be one setting (rule, resolved parameters,
     pair, sampling settings); one setting's runs on several splits or seeds pool.
     """
-    from relaxspec_audit import stats
+    from relaxspec_audit import audit as stats
     from relaxspec_audit.collect.logs import LogError
 
     if as_json and fmt not in (None, "json"):
         raise click.UsageError(f"give --format {fmt} or --json (= --format json), not both")
     fmt = "json" if as_json else (fmt or "text")
-
-    if old_margin is not None:
-        ctx = click.get_current_context()
-        if ctx.get_parameter_source("ni_margin") is click.core.ParameterSource.COMMANDLINE:
-            raise click.UsageError("give --ni-margin only (--margin is its deprecated name)")
-        click.echo(
-            "Warning: --margin is deprecated, use --ni-margin (the non-inferiority margin δ; "
-            "`margin` is a verification rule)",
-            err=True,
-        )
-        ni_margin = old_margin
 
     try:
         _check_selection(run_dirs, reference, baseline)
@@ -318,7 +298,7 @@ def audit(
 
 def render(summary: dict[str, Any], fmt: str) -> str:
     """An ``audit_summary`` dict in one of :data:`FORMATS`."""
-    from relaxspec_audit import stats
+    from relaxspec_audit import audit as stats
     from relaxspec_audit.report import tables
 
     if fmt == "json":

@@ -21,7 +21,6 @@ from typing import Literal
 import numpy as np
 import polars as pl
 
-from relaxspec_audit._compat import renamed_kwargs
 from relaxspec_audit.audit.frames import Frame
 from relaxspec_audit.audit.pairing import pair_requests
 
@@ -34,7 +33,6 @@ def _is_binary(x: np.ndarray) -> bool:
     return bool(np.all((x == 0) | (x == 1)))
 
 
-@renamed_kwargs(margin="ni_margin")
 def noninferiority_ttest(d: np.ndarray, ni_margin: float) -> float:
     """One-sided paired non-inferiority p-value on per-item differences ``d``.
 
@@ -76,7 +74,6 @@ def _tango_z(b: int, c: int, n: int, delta0: float) -> float:
     return num / math.sqrt(var)
 
 
-@renamed_kwargs(margin="ni_margin")
 def tango_noninferiority(b: int, c: int, n: int, ni_margin: float) -> float:
     """One-sided non-inferiority p-value for paired binary outcomes (Tango 1998).
 
@@ -142,7 +139,6 @@ def clustered_mcnemar(n10: Sequence[int] | np.ndarray, n01: Sequence[int] | np.n
     return float(chi2.sf(float(np.sum(d)) ** 2 / den, 1))
 
 
-@renamed_kwargs(margin="ni_margin")
 def accuracy_delta(
     requests: Frame,
     reference: Frame,

@@ -29,7 +29,6 @@ from typing import Any, Literal
 import numpy as np
 import polars as pl
 
-from relaxspec_audit._compat import renamed_kwargs
 from relaxspec_audit.audit.accuracy import accuracy_delta
 from relaxspec_audit.audit.frames import Frame, _lazy, json_safe
 from relaxspec_audit.audit.pairing import pair_requests
@@ -83,7 +82,6 @@ class Verdict:
         return json.dumps(self.to_dict(), indent=indent)
 
 
-@renamed_kwargs(margin="ni_margin")
 def required_items(
     sd_diff: float,
     ni_margin: float,
@@ -262,7 +260,6 @@ def requests_speedup(
             "basis": basis, "note": note}  # fmt: skip
 
 
-@renamed_kwargs(margin="ni_margin")
 def frontier(
     requests: Frame,
     reference: Frame,
@@ -391,7 +388,6 @@ def _split(df: pl.DataFrame, col: str, value: str, name: str) -> pl.DataFrame:
     return part
 
 
-@renamed_kwargs(margin="ni_margin")
 def recommend(
     requests: Frame,
     reference: Frame,

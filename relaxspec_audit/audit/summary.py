@@ -17,7 +17,6 @@ from typing import Any, Literal
 
 import polars as pl
 
-from relaxspec_audit._compat import renamed_kwargs
 from relaxspec_audit.audit.accuracy import accuracy_delta
 from relaxspec_audit.audit.anatomy import (
     DEFAULT_THETA_GRID,
@@ -159,7 +158,6 @@ def _needed(frame: Frame, name: str, cols: Sequence[str]) -> pl.DataFrame:
     return lf.select([c for c in cols if c in have]).collect().rechunk()
 
 
-@renamed_kwargs(margin="ni_margin")
 def audit_summary(
     runs: RunFrames | str | Path | Iterable[str | Path],
     *,
@@ -268,7 +266,7 @@ def audit_summary(
         else None,
         "alpha": alpha,
         "theta_grid": list(grid),
-        # Runs read without verified commit records (old layout, or verify off).
+        # Runs read without checking their commit records and values (verify off).
         "verified": all(f is None or f.verified for f in (runs, reference, baseline)),
         "unverified_runs": sorted(
             {u for f in (runs, reference, baseline) if f is not None for u in f.unverified}

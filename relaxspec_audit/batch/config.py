@@ -41,9 +41,7 @@ replaces the defaults' whole; ``null`` turns an inherited one off):
 - ``min_gain`` (a number ≥ 0, default 1.0): ``TaskPlan.min_gain``.
 
 Errors name the field by its path in the config, e.g.
-``demo.yaml:14: tasks[1].rules[2].theta: must be in (0, 1], got 1.5``. Deprecated
-spellings (a rule's old parameter names, the notebook parameter ``margin`` for
-``ni_margin``) are mapped with a ``FutureWarning`` naming the file and line.
+``demo.yaml:14: tasks[1].rules[2].theta: must be in (0, 1], got 1.5``.
 
 A config file is untrusted input: it is read up to :data:`MAX_CONFIG_BYTES`, strict UTF-8,
 its aliases may expand to at most :data:`MAX_CONFIG_NODES` values (an alias bomb is
@@ -83,8 +81,6 @@ BATCH_SCHEMA_VERSION = 1
 DEFAULT_NOTEBOOKS = ("rejection_anatomy", "fidelity", "choose_setting", "signoff")
 #: Notebook parameters the batch sets itself; a config may not set them.
 BATCH_PARAMETERS = ("runs_dir", "task", "numbers_path")
-#: Deprecated notebook-parameter names, mapped (with a ``FutureWarning``) to the new ones.
-PARAMETER_ALIASES = {"margin": "ni_margin"}
 #: Largest config file read, in bytes: a config is a page of YAML, not data.
 MAX_CONFIG_BYTES = 1 << 20
 #: Most values a config may hold with every alias expanded where it is used: nine nested
@@ -517,21 +513,7 @@ class _Validator:
                 self.fail(
                     f"{path}.{name}", "is set by the batch runner, not the config", value, name
                 )
-        out = dict(value)
-        for old, new in PARAMETER_ALIASES.items():
-            if old not in out:
-                continue
-            if new in out:
-                self.fail(f"{path}.{old}", f"give {new} only ({old} is its old name)", value, old)
-            where = f"{self.source or 'config'}:{_line(value, old) or '?'}"
-            warnings.warn(
-                f"{where}: {path}.{old}: deprecated, use {new!r} (the non-inferiority margin "
-                f"δ; `{old}` is a verification rule)",
-                FutureWarning,  # shown by default: configs are written by users
-                stacklevel=2,
-            )
-            out[new] = out.pop(old)
-        return out
+        return dict(value)
 
     def task(
         self,
@@ -772,7 +754,7 @@ class _Validator:
         ]
         runs: list[RunConfig] = []
         for combo in itertools.product(*axes):
-            # Resolved once (one deprecation warning per entry, not one per split).
+            # Resolved once per grid point, not once per split.
             params = self.rule_params(rule, {k: x for k, _, x in combo}, combo, path, entry)
             for s, split in enumerate(splits):
                 try:
@@ -821,10 +803,8 @@ class _Validator:
             return None
         from relaxspec_audit.verify.registry import resolve_params
 
-        first = next(iter(combo), None)
-        where = f"{self.source or 'config'}:{_line(entry, first[0]) if first else '?'}"
         try:
-            return resolve_params(rule, params, where=where)
+            return resolve_params(rule, params)
         except (TypeError, ValueError) as exc:
             message = str(exc)
             for k, i, _ in combo:
@@ -892,11 +872,10 @@ class _Validator:
             blocks.append((f"tasks[{i}].parameters", entry.get("parameters") or {}))
         for path, block in blocks:
             for key, value in block.items():
-                name = PARAMETER_ALIASES.get(key, key)
                 try:
-                    validate_parameters(**{name: value})
+                    validate_parameters(**{key: value})
                 except ValueError as exc:
-                    message = str(exc).removeprefix(f"{name}: ")
+                    message = str(exc).removeprefix(f"{key}: ")
                     self.fail(f"{path}.{key}", message, block, key)
 
 
@@ -906,11 +885,8 @@ def _at_most(limit: int, run_limit: int | None) -> int:
 
 
 def _written(parameters: Mapping, name: str) -> str | None:
-    """The key ``name`` was written as in a ``parameters`` block (maybe its old spelling)."""
-    if name in parameters:
-        return name
-    old = next((o for o, n in PARAMETER_ALIASES.items() if n == name and o in parameters), None)
-    return old
+    """``name`` when a ``parameters`` block sets it, else None."""
+    return name if name in parameters else None
 
 
 def _resolve_model(value: str) -> str | None:
@@ -954,12 +930,12 @@ def _greedy_only_rules() -> set[str]:
 
 
 def _rule_param_names(rule: Any) -> tuple[str, ...] | None:
-    """Keys a rule entry may set: the rule's parameters and their deprecated spellings."""
+    """Keys a rule entry may set: the rule's parameters."""
     if rule == TARGET_ONLY:
         return ()
     if not isinstance(rule, str) or rule not in RULES:
         return None
-    return tuple(name for p in RULES[rule].params for name in (p.name, *p.info.aliases))
+    return RULES[rule].param_names
 
 
 def plan_task(

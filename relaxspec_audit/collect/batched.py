@@ -23,7 +23,7 @@ A request's log does not depend on its batch-mates in what is drawn: every unifo
 by ``(seed, request, absolute position, purpose)`` (THEORY §4). Float results do depend on
 the batch (a row's matmul differs between 1, 2 and ≥ 5 rows), so logs at different batch
 sizes agree in floats within a tolerance and in decisions up to the first near-tie
-(THEORY §4; tests/test_batched.py checks that contract).
+(THEORY §4; tests/collect/test_batched.py checks that contract).
 
 Per round the host receives the drafts, the accepted lengths, the emitted tokens and the
 ASD ledgers of all rows in one copy; the uniforms of all rows go to the device in one copy.

@@ -30,9 +30,8 @@ duplicates none.
 the parts named by each record exist with the recorded bytes, request ids are unique in
 the run, and values are in range (probabilities in [0, 1 + 1e-6], entropies finite and
 ≥ −1e-6, causes, kinds and stops from their closed sets). Any failure raises
-:class:`LogError` naming the file (and the column or request). Runs written before
-commit records (``part-NNNNN.parquet``, committed by their ``requests`` part) are read
-as *unverified* (:func:`is_verified`); their values are still range-checked.
+:class:`LogError` naming the file (and the column or request); so does a part written
+before commit records (``part-NNNNN.parquet``), which cannot be verified.
 
 The pieces, one idea each: :mod:`~relaxspec_audit.collect.schema` (tables, columns,
 layout), :mod:`~relaxspec_audit.collect.lease` (one owner per run, one writer per
@@ -52,7 +51,6 @@ from relaxspec_audit.collect.reader import (
     committed_chunks,
     find_runs,
     finished_request_ids,
-    is_verified,
     read_manifest,
     scan,
     verify_run,
@@ -96,7 +94,6 @@ __all__ = [
     "environment",
     "find_runs",
     "finished_request_ids",
-    "is_verified",
     "output_sha256",
     "read_manifest",
     "scan",

@@ -4,7 +4,8 @@
 ``task``, ``rule``, ``run`` added) and first verifies each run once per process
 (:func:`verify_run`): recorded parts present with their recorded sha256, unique request
 ids, no unrecorded part in a complete run, values in range. Failures raise ``LogError``
-naming the file. Runs written before commit records are read *unverified*.
+naming the file. Every committed chunk has a commit record; a part written without one
+(the layout before commit records) is refused, never read unverified.
 
 A run folder is a local path or an object-store URL (``s3://bucket/prefix/task=…/…``,
 :mod:`~relaxspec_audit.collect.storage`): remote runs are listed and verified through the
@@ -51,6 +52,11 @@ from relaxspec_audit.collect.schema import (
 #: A run folder, a part or a record: a local path, or a URL on an object store.
 Where = Path | str
 
+_UNRECORDED = (
+    "{part}: a part written before commit records (the first build's layout); it cannot be "
+    "verified, so it is not read: collect the run again"
+)
+
 
 @dataclass
 class _Chunk:
@@ -64,14 +70,13 @@ class _Chunk:
 
 
 def committed_chunks(run_dir: str | Path) -> list[_Chunk]:
-    """The committed chunks of a run folder: those with a commit record, and legacy ones.
+    """The committed chunks of a run folder: one per commit record.
 
-    Legacy chunks (``part-NNNNN.parquet``, written before commit records) are committed by
-    their ``requests`` part. Parts with a writer id but no record are in flight (or left by
-    a kill) and are not listed.
+    Parts without a record are in flight (or left by a kill) and are not listed.
 
     Raises:
-        LogError: a commit record that is not valid JSON or lacks its fields (named).
+        LogError: a commit record that is not valid JSON or lacks its fields, or a part
+            written before commit records (``part-NNNNN.parquet``), named.
     """
     run_dir = _locate(run_dir)
     if isinstance(run_dir, str):
@@ -82,15 +87,7 @@ def committed_chunks(run_dir: str | Path) -> list[_Chunk]:
         chunks.append(_record_chunk(path, path.stem, record, lambda f: run_dir / f))
     for part in _parts(run_dir / "requests"):
         if _writer_of(part) is None:
-            chunks.append(
-                _Chunk(
-                    part.name,
-                    {
-                        t: run_dir / t / part.name if (run_dir / t / part.name).exists() else None
-                        for t in TABLES
-                    },
-                )
-            )
+            raise LogError(_UNRECORDED.format(part=part))
     return chunks
 
 
@@ -121,8 +118,7 @@ def _remote_chunks(run: str, files: Mapping[str, Any]) -> list[_Chunk]:
         chunks.append(_record_chunk(where, name.removesuffix(".json"), record, store.join))
     for _, name in _entries(files, "requests", _PART_RE):
         if _PART_RE.match(name).group("writer") is None:
-            parts = {t: store.join(t, name) if f"{t}/{name}" in files else None for t in TABLES}
-            chunks.append(_Chunk(name, parts))
+            raise LogError(_UNRECORDED.format(part=store.join("requests", name)))
     return chunks
 
 
@@ -160,27 +156,11 @@ def _polars_options(run: Where) -> dict[str, Any]:
     return {"storage_options": storage.parse_store(run).polars_options()}
 
 
-def is_verified(run_dir: str | Path) -> bool:
-    """Whether every committed chunk of the run has a commit record.
-
-    False for a v1 run written before commit records: it is read unverified.
-    """
-    return all(c.record is not None for c in committed_chunks(run_dir))
-
-
 def finished_request_ids(run_dir: str | Path) -> set[str]:
     """Ids of the requests committed in a run folder (empty if it has none yet)."""
     ids: set[str] = set()
-    legacy = []
-    kw = _polars_options(_locate(run_dir))
     for chunk in committed_chunks(run_dir):
-        if chunk.request_ids is not None:
-            ids.update(chunk.request_ids)
-        else:
-            legacy.append(chunk.parts["requests"])
-    if legacy:
-        df = pl.concat([pl.read_parquet(p, columns=["request_id"], **kw) for p in legacy])
-        ids.update(df["request_id"].to_list())
+        ids.update(chunk.request_ids or ())
     return ids
 
 
@@ -368,11 +348,11 @@ def verify_run(
 
     Every commit record's parts must exist; request ids must be unique across records;
     in a ``complete`` run no part may lie outside a record. Each part of ``table`` must
-    have its recorded size and sha256 (legacy parts: a whole Parquet file) and values in
-    range; ``requests`` ids must be unique across the run.
+    have its recorded size and sha256 and values in range; ``requests`` ids must be unique
+    across the run.
 
     Returns:
-        True if every chunk has a commit record, False for a v1 run read unverified.
+        True (every check passed).
 
     Raises:
         LogError: the first problem, naming the file and the column or request.
@@ -384,8 +364,6 @@ def verify_run(
     seen: dict[str, Where] = {}
     listed: set[Where] = set()
     for c in chunks:
-        if c.record is None:
-            continue
         for t, path in c.parts.items():
             if path is not None:
                 listed.add(path)
@@ -410,17 +388,14 @@ def verify_run(
         for part in todo:
             # a remote part is read once, for its hash and its footer
             data = None if remote is None else remote.read(part)
-            if part in records:
-                _check_bytes(part, records[part], data)
-            else:
-                _check_parquet(part, data)
+            _check_bytes(part, records[part], data)
             _check_columns(part, t, data)
         if todo:
             _check_values(t, todo, **kw)
         if t == "requests" and parts:
             _check_unique_ids(parts, **kw)
         _VERIFIED.update(stat_key(p) for p in todo)
-    return all(c.record is not None for c in chunks)
+    return True
 
 
 class _Remote:
@@ -474,24 +449,6 @@ def _check_bytes(path: Where, record: Mapping[str, Any], data: bytes | None = No
             f"{path}: bytes differ from its commit record (sha256 mismatch, {size} bytes); "
             "the part is damaged or was replaced"
         )
-
-
-def _check_parquet(path: Where, data: bytes | None = None) -> None:
-    """A legacy part (no record): at least a whole Parquet file with the table's columns."""
-    if data is None:
-        size = path.stat().st_size
-        with open(path, "rb") as fh:
-            head = fh.read(4)
-            fh.seek(max(0, size - 4))
-            tail = fh.read(4)
-    else:
-        size, head, tail = len(data), data[:4], data[-4:]
-    if size < 12 or head != b"PAR1" or tail != b"PAR1":
-        raise LogError(f"{path}: not a whole Parquet file ({size} bytes; truncated?)")
-    try:
-        pl.read_parquet_schema(path if data is None else io.BytesIO(data))
-    except Exception as exc:  # polars raises several types for a bad footer
-        raise LogError(f"{path}: unreadable Parquet footer: {exc}") from exc
 
 
 def _bad_value_exprs(table: str) -> dict[str, pl.Expr]:

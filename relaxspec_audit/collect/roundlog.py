@@ -12,7 +12,7 @@ not per round. :class:`_TokenLog` does the same for target-only decoding, and
 :class:`RoundRecord` is one row of the ``rounds`` table.
 
 The rows equal a per-round computation's (each statistic is a reduction over one row of
-V), which tests/test_decoder.py checks against the rule's own full diagnostics.
+V), which tests/collect/test_decoder.py checks against the rule's own full diagnostics.
 
 torch is imported inside functions (the CLI's ``--help`` must not pay).
 """

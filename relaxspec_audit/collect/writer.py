@@ -43,7 +43,6 @@ from relaxspec_audit.collect.schema import (
     _parts,
     _read_json,
     _records,
-    _writer_of,
     to_frame,
 )
 
@@ -288,7 +287,7 @@ class RunWriter:
                         f"{other.writer!r} (pid {info.get('pid')} on {info.get('host')}) "
                         "holds it"
                     )
-        # Commit points first (records, then legacy runs' requests parts), parts after: a
+        # Commit points first (records), parts after: a
         # start-over interrupted half way leaves uncommitted parts, never a record whose
         # parts are gone (which would mark requests finished that no longer exist).
         order = (COMMITS, "requests", "rounds", "positions")
@@ -301,13 +300,9 @@ class RunWriter:
     def _drop_uncommitted(self) -> None:
         """Delete this writer's own parts without a commit record and its temp files.
 
-        The default writer also owns the parts of runs written before namespaces
-        (``part-NNNNN.parquet``, committed by their ``requests`` part). Other namespaces'
-        files are never touched: they may belong to a live writer.
+        Other namespaces' files are never touched: they may belong to a live writer.
         """
         own = {self.writer}
-        if self.writer == DEFAULT_WRITER:
-            own.add(None)
         for record in _records(self.run_dir):
             # A record of ours whose parts are gone commits nothing: drop it, so its
             # requests are decoded again rather than counted finished and then unreadable.
@@ -323,17 +318,13 @@ class RunWriter:
             for p in _records(self.run_dir)
             if _RECORD_RE.match(p.name).group("writer") == self.writer
         }
-        legacy = {p.name for p in _parts(self.run_dir / "requests") if _writer_of(p) is None}
         for table in TABLES:
             folder = self.run_dir / table
             for part in _parts(folder):
                 m = _PART_RE.match(part.name)
                 if m.group("writer") not in own:
                     continue
-                committed = (
-                    part.name in legacy if m.group("writer") is None else m.group("n") in recorded
-                )
-                if not committed:
+                if m.group("n") not in recorded:
                     part.unlink()
             if folder.is_dir():  # leftovers of a write killed before its os.replace
                 for tmp in folder.glob(".part-*.tmp"):

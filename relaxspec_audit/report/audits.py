@@ -1,6 +1,6 @@
 """Audit rows: every relaxed run of a task against its paired reference, one row each.
 
-The rows are ``stats.audit_summary`` flattened (speed-up, accuracy delta with its
+The rows are ``audit.audit_summary`` flattened (speed-up, accuracy delta with its
 non-inferiority test, hash divergence, the (1 − ε)^T coupling bound of THEORY §2.3): the
 data of the frontier, of the verdict's report and of the figures in :mod:`.plots`.
 """
@@ -10,11 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from relaxspec_audit._compat import renamed_kwargs
 from relaxspec_audit.report.runs import LOSSLESS, _baseline, _match, reference_rule, runs_table
 
 
-@renamed_kwargs(margin="ni_margin")
 def audit_table(
     runs_dir: str | Path,
     task: str,
@@ -25,7 +23,7 @@ def audit_table(
 ) -> Any:
     """Every relaxed run of a task audited against its reference: the frontier's data.
 
-    One ``stats.audit_summary`` per relaxed run (with its paired reference and the
+    One ``audit.audit_summary`` per relaxed run (with its paired reference and the
     target-only baseline when present), flattened to one row; plus one row per reference
     run itself (``setting`` = the reference rule, delta 0) so the frontier shows it.
 
@@ -52,7 +50,7 @@ def audit_table(
     """
     import polars as pl
 
-    from relaxspec_audit import stats
+    from relaxspec_audit import audit as stats
 
     table = runs_table(runs_dir, task)
     if split is not None:
@@ -169,14 +167,14 @@ def _mean_score(run_dir: str) -> float | None:
 
 
 def first_divergences(runs_dir: str | Path, task: str, *, split: str | None = None) -> Any:
-    """``stats.first_divergence`` of every relaxed run against its reference, labelled.
+    """``audit.first_divergence`` of every relaxed run against its reference, labelled.
 
     Returns:
-        Columns of ``stats.first_divergence`` plus ``rule``, ``setting``, ``split``.
+        Columns of ``audit.first_divergence`` plus ``rule``, ``setting``, ``split``.
     """
     import polars as pl
 
-    from relaxspec_audit import stats
+    from relaxspec_audit import audit as stats
     from relaxspec_audit.collect import logs
 
     table = runs_table(runs_dir, task)

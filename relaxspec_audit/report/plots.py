@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from relaxspec_audit._compat import renamed_kwargs
-
 #: Report-width figure size in inches (about 750 px at 100 dpi).
 WIDTH, HEIGHT = 7.5, 3.6
 _STYLE = {
@@ -269,7 +267,6 @@ def _labels(table: Any) -> list[str]:
     ]
 
 
-@renamed_kwargs(margin="ni_margin")
 def accuracy_deltas(table: Any, ni_margin: float) -> Any:
     """Forest plot of paired accuracy deltas (points) with CI and the line at −δ (THEORY §3).
 
@@ -392,7 +389,6 @@ def bound_vs_measured(table: Any) -> Any:
     return fig
 
 
-@renamed_kwargs(margin="ni_margin")
 def frontier(table: Any, ni_margin: float | None = None, chosen: Sequence[str] = ()) -> Any:
     """Speed vs fidelity of every setting (THEORY §3 "Choosing θ or a budget").
 

@@ -180,10 +180,10 @@ def label_runs(frame: Any, runs_dir: str | Path, task: str, on: str = "run") -> 
 
 
 def runs_overview(runs_dir: str | Path, task: str) -> Any:
-    """Runs of a task with their speed (``stats.speed`` per run): what ``collect`` shows."""
+    """Runs of a task with their speed (``audit.speed`` per run): what ``collect`` shows."""
     import polars as pl
 
-    from relaxspec_audit import stats
+    from relaxspec_audit import audit as stats
     from relaxspec_audit.collect import logs
 
     table = runs_table(runs_dir, task)

@@ -8,12 +8,10 @@ writes it and the ``signoff`` notebook renders the same dict (:func:`task_summar
 from __future__ import annotations
 
 import json
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from relaxspec_audit._compat import renamed_kwargs
 from relaxspec_audit.report.anatomy import RATIO_TEST_RULE, anatomy_block
 from relaxspec_audit.report.audits import audit_table
 from relaxspec_audit.report.coupling import coupling_facts
@@ -32,7 +30,6 @@ SUMMARY_SCHEMA = "relaxspec_audit.summary"
 SUMMARY_SCHEMA_VERSION = 3
 
 
-@renamed_kwargs(margin="ni_margin")
 def recommend(
     runs_dir: str | Path,
     task: str,
@@ -83,7 +80,7 @@ def recommend(
     """
     import polars as pl
 
-    from relaxspec_audit import select as select_mod
+    from relaxspec_audit.audit import select as select_mod
     from relaxspec_audit.collect import logs
 
     if table is None:
@@ -273,7 +270,6 @@ def _public(row: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return {k: v for k, v in row.items() if k not in ("run_dir", "reference_dir")}
 
 
-@renamed_kwargs(margin="ni_margin")
 def task_summary(
     runs_dir: str | Path,
     task: str,
@@ -302,7 +298,7 @@ def task_summary(
         errors: collection errors to record; any error makes ``status`` ``failed``.
         notebooks: ``{name, ok, html, error}`` per rendered notebook.
         parameters: notebook parameters of the task (``ni_margin`` and ``alpha`` are read
-            from here when given; the old key ``margin`` is read with a ``FutureWarning``).
+            from here when given).
         table: a precomputed :func:`audit_table` of both splits (else computed).
 
     Returns:
@@ -315,16 +311,6 @@ def task_summary(
     from relaxspec_audit.collect.config import task_slug
 
     parameters = dict(parameters or {})
-    if "margin" in parameters:  # the old name of ni_margin (a batch config maps it)
-        if "ni_margin" in parameters:
-            raise TypeError("parameters: give ni_margin only (margin is its old name)")
-        warnings.warn(
-            "parameters: 'margin' is deprecated, use 'ni_margin' (the non-inferiority margin δ; "
-            "`margin` is a verification rule)",
-            FutureWarning,
-            stacklevel=3,  # the caller, past renamed_kwargs
-        )
-        parameters["ni_margin"] = parameters.pop("margin")
     ni_margin = float(parameters.get("ni_margin", ni_margin))
     alpha = float(parameters.get("alpha", alpha))
     min_gain = float(parameters.get("min_gain", min_gain))

@@ -1,7 +1,7 @@
 """Typed parameters of the verification rules: one frozen dataclass per rule.
 
 Each field is declared once, with its default, its checks and its presentation (display
-symbol, unit, one line of help, CLI flag, deprecated spellings) in the field's metadata
+symbol, unit, one line of help, CLI flag) in the field's metadata
 (:func:`param`). The registry (:mod:`relaxspec_audit.verify.registry`) reads them from here,
 so the CLI, batch-config validation, labels and the audit's settings frame all agree.
 
@@ -45,7 +45,6 @@ class ParamInfo:
         help: One line for ``--help`` and the docs.
         flag: CLI option name when the field name clashes with a run option (topk's
             ``top_k`` is ``--top-k-accept``; ``--top-k`` is sampling). None: the field name.
-        aliases: Deprecated spellings still accepted in configs and on the command line.
         choices: The allowed values of a string parameter (empty: any number).
     """
 
@@ -53,7 +52,6 @@ class ParamInfo:
     unit: str
     help: str
     flag: str | None = None
-    aliases: tuple[str, ...] = ()
     choices: tuple[str, ...] = ()
 
 
@@ -197,13 +195,11 @@ class MarginParams:
 
     Attributes:
         logit_ratio: Undecided iff z₂/z₁ > logit_ratio (raw target logits; finite real).
-            A logit ratio, not a nucleus mass: spelled ``theta`` before (deprecated).
+            A logit ratio, not a nucleus mass (``theta`` is only ever a nucleus mass).
     """
 
-    logit_ratio: float = param(
-        0.9, "ρ", "raw-logit ratio z₂/z₁", "margin: undecided when z₂/z₁ > ρ",
-        aliases=("theta",),
-    )  # fmt: skip
+    logit_ratio: float = param(0.9, "ρ", "raw-logit ratio z₂/z₁",
+                               "margin: undecided when z₂/z₁ > ρ")  # fmt: skip
 
     def __post_init__(self) -> None:
         _check(

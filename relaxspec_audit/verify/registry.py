@@ -7,8 +7,8 @@ The CLI's rule options, batch-config validation, setting labels, the run id and 
 audit's settings frame are all derived from :data:`RULES`; adding a rule here is all it
 takes to collect, validate, label and audit it.
 
-Parameters are resolved once (:func:`resolve_params`: defaults filled in, values checked,
-deprecated spellings mapped) and carried resolved from then on.
+Parameters are resolved once (:func:`resolve_params`: defaults filled in, values checked)
+and carried resolved from then on.
 
 Importable without torch: the rule functions import it only when they run.
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -170,17 +169,15 @@ def _spec(rule: str) -> RuleSpec:
     return RULES[rule]
 
 
-def resolve_params(rule: str, raw: Any = None, *, where: str = "") -> Any:
+def resolve_params(rule: str, raw: Any = None) -> Any:
     """The rule's frozen params from a mapping of overrides (or params already resolved).
 
     Defaults fill what ``raw`` leaves out, so ``{}`` and ``{"theta": 0.95}`` resolve to the
-    same object. Deprecated spellings (:attr:`ParamInfo.aliases`) are mapped with a
-    ``FutureWarning`` (Python's category for deprecations that end users should see).
+    same object.
 
     Args:
         rule: Rule name (key of :data:`RULES`).
         raw: Mapping of parameter overrides, None, or an instance of the params class.
-        where: Where ``raw`` came from, for the deprecation message (e.g. ``demo.yaml:14``).
 
     Raises:
         ValueError: Unknown rule, unknown parameter or invalid value; the message names the
@@ -190,18 +187,6 @@ def resolve_params(rule: str, raw: Any = None, *, where: str = "") -> Any:
     if isinstance(raw, spec.params_cls):
         return raw
     kw = dict(raw or {})
-    for p in spec.params:
-        for alias in p.info.aliases:
-            if alias in kw:
-                if p.name in kw:
-                    raise ValueError(f"{alias}: give {p.name} only ({alias} is its old name)")
-                warnings.warn(
-                    f"{where + ': ' if where else ''}rule {rule!r}: parameter {alias!r} is "
-                    f"deprecated, use {p.name!r}",
-                    FutureWarning,  # shown by default: configs are written by users
-                    stacklevel=2,
-                )
-                kw[p.name] = kw.pop(alias)
     unknown = sorted(set(kw) - set(spec.param_names))
     if unknown:
         known = sorted(spec.param_names) or "none"
@@ -284,16 +269,10 @@ def cli_options() -> dict[str, CliOption]:
     helps: dict[str, list[str]] = {}
     for spec in RULES.values():
         for p in spec.params:
-            for flag in (p.flag, *p.info.aliases):
-                kind = (p.type, p.info.choices)
-                if kinds.setdefault(flag, kind) != kind:
-                    raise TypeError(f"--{flag}: {kinds[flag]} in one rule, {kind} in another")
-                text = (
-                    p.info.help
-                    if flag == p.flag
-                    else (f"{spec.name}: deprecated spelling of --{p.flag.replace('_', '-')}")
-                )
-                helps.setdefault(flag, []).append(f"{text} [{p.info.unit}]")
+            kind = (p.type, p.info.choices)
+            if kinds.setdefault(p.flag, kind) != kind:
+                raise TypeError(f"--{p.flag}: {kinds[p.flag]} in one rule, {kind} in another")
+            helps.setdefault(p.flag, []).append(f"{p.info.help} [{p.info.unit}]")
     return {
         flag: CliOption(flag, kind[0], kind[1], "; ".join(helps[flag]))
         for flag, kind in kinds.items()
@@ -310,8 +289,6 @@ def params_from_options(rule: str, options: Mapping[str, Any]) -> dict[str, Any]
     if rule in RULES:
         for p in RULES[rule].params:
             allowed[p.flag] = p.name
-            for alias in p.info.aliases:
-                allowed[alias] = alias  # resolve_params maps it, with its warning
     given = {name: value for name, value in options.items() if value is not None}
     stray = sorted(set(given) - set(allowed))
     if stray:

@@ -11,7 +11,7 @@ replaced by S)::
     P(y) = min(p, q)(y) + [y ∈ S]·(q − p)_+(y) + (R − E_S)·(p − q)_+(y) / R,
     E_S = Σ_{x ∈ S} (q − p)_+(x),   P(accept) = 1 − R + E_S.
 
-Parameters and defaults come from :func:`relaxspec_audit.rules.make_params`, and the
+Parameters and defaults come from :func:`relaxspec_audit.verify.registry.make_params`, and the
 nucleus uses the same tie order as the rules (probability desc, then token id asc). Nothing
 here samples.
 """

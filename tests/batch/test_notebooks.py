@@ -23,7 +23,8 @@ import polars as pl
 import pytest
 from test_batch import fake_collect, small_config
 
-from relaxspec_audit import batch, report, stats
+from relaxspec_audit import audit as stats
+from relaxspec_audit import batch, report
 from relaxspec_audit.collect import logs
 from relaxspec_audit.collect.config import RunConfig
 

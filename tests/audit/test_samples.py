@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 from scipy import stats as sps
 
-from relaxspec_audit import stats as S
+from relaxspec_audit import audit as S
 from relaxspec_audit.audit.accuracy import clustered_mcnemar
 from relaxspec_audit.collect.config import RunConfig, sample_request_id
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "scaling_sim.py"
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "scaling_sim.py"
 
 
 def _load():

@@ -161,7 +161,7 @@ def test_pushed_runs_read_like_the_local_ones(tmp_path, store):
     for run, rel in zip(runs, rels, strict=True):
         assert logs.read_manifest(run) == logs.read_manifest(local / rel)
         assert logs.finished_request_ids(run) == {"a", "b", "c"}
-        assert logs.verify_run(run) and logs.is_verified(run)
+        assert logs.verify_run(run)
         chunks = logs.committed_chunks(run)
         assert [c.name for c in chunks] == ["w0-00000", "w0-00001"]
         assert all(str(p).startswith(run + "/") for c in chunks for p in c.parts.values() if p)

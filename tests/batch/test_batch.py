@@ -388,47 +388,6 @@ def test_bad_config_names_the_field_and_line(tmp_path, mutate, expected):
         assert key in line or line.lstrip().startswith("-"), (line, err.value.path)
 
 
-def test_old_margin_parameter_is_renamed_with_a_warning(tmp_path):
-    """``margin`` in a ``parameters:`` block is the old key of ``ni_margin``."""
-    data = small_config(tmp_path, parameters={"margin": 0.1})
-    data["tasks"].append({"task": "story", "rules": ["exact"], "parameters": {"margin": 0.2}})
-    path = write_yaml(tmp_path, data)
-    lines = path.read_text().splitlines()
-    at = [i + 1 for i, line in enumerate(lines) if line.lstrip().startswith("margin:")]
-    with pytest.warns(FutureWarning) as rec:
-        plan = batch.load_config(path)
-    messages = [str(w.message) for w in rec if issubclass(w.category, FutureWarning)]
-    assert f"{path}:{at[0]}: parameters.margin: deprecated, use 'ni_margin'" in messages[0]
-    assert f"{path}:{at[1]}: tasks[1].parameters.margin: deprecated" in messages[1]
-    assert [t.parameters for t in plan.tasks] == [{"ni_margin": 0.1}, {"ni_margin": 0.2}]
-    # Both spellings in one block: an error naming the old one, at its line.
-    data = small_config(tmp_path, parameters={"margin": 0.1, "ni_margin": 0.1})
-    path = write_yaml(tmp_path, data)
-    with pytest.raises(batch.BatchConfigError) as err:
-        batch.load_config(path)
-    assert "parameters.margin: give ni_margin only" in str(err.value)
-    assert path.read_text().splitlines()[err.value.line - 1].lstrip().startswith("margin:")
-    # A notebook that does not declare it: the error names the key as written.
-    data = small_config(tmp_path, notebooks=["rejection_anatomy"], parameters={"margin": 0.1})
-    path = write_yaml(tmp_path, data)
-    with pytest.warns(FutureWarning), pytest.raises(batch.BatchConfigError) as err:
-        batch.load_config(path)
-    assert "parameters.margin: unknown notebook parameter" in str(err.value)
-    assert path.read_text().splitlines()[err.value.line - 1].lstrip().startswith("margin:")
-
-
-def test_task_summary_reads_old_margin_with_a_warning(tmp_path):
-    """summary.json v2 says ``ni_margin``; ``margin`` (keyword or parameter) still maps to it."""
-    with pytest.warns(FutureWarning, match="'margin' is deprecated, use 'ni_margin'"):
-        old = report.task_summary(tmp_path, "arith", parameters={"margin": 0.3})
-    with pytest.warns(FutureWarning, match="margin= is deprecated, use ni_margin="):
-        kw = report.task_summary(tmp_path, "arith", margin=0.3)
-    assert old["ni_margin"] == kw["ni_margin"] == 0.3 and "margin" not in old
-    assert old["schema_version"] == report.SUMMARY_SCHEMA_VERSION == 3
-    with pytest.raises(TypeError, match="give ni_margin only"):
-        report.task_summary(tmp_path, "arith", parameters={"margin": 0.3, "ni_margin": 0.3})
-
-
 def test_bad_config_fails_before_any_work(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(batch.runner, "_collect_one", lambda *a: calls.append(a))

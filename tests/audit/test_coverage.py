@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 from scipy import stats as sps
 
-from relaxspec_audit import stats as S
+from relaxspec_audit import audit as S
 from relaxspec_audit.audit.accuracy import tango_ci, tango_noninferiority
 from relaxspec_audit.audit.intervals import clustered_ratio, clustered_share
 

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 from _synthetic import make_paired_requests
 
-from relaxspec_audit import select as sel
+from relaxspec_audit.audit import select as sel
 
 
 def _grid(n_items: int, settings: dict[float, tuple[float, float]], seed: int = 0):

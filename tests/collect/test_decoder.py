@@ -22,7 +22,8 @@ import pytest
 import torch
 from scipy import stats
 
-from relaxspec_audit import collect, rules
+from relaxspec_audit import collect
+from relaxspec_audit import verify as rules
 from relaxspec_audit.collect import engine, logs, roundlog
 from relaxspec_audit.collect.config import EMBEDDED_DIR, RunConfig
 
@@ -377,7 +378,7 @@ def test_batched_position_stats_equal_the_rule_full_diagnostics(
     the batching).
     """
 
-    from relaxspec_audit.rules import DIAG_KEYS, RULES
+    from relaxspec_audit.verify import DIAG_KEYS, RULES
 
     pair = _pair(tiny_qwen2_pair)
     cfg = _cfg(rule=rule, temperature=temperature, k=3, max_new_tokens=30)

@@ -115,7 +115,7 @@ def test_from_dict_rejects_unknown_field():
 
 
 def test_rule_checks_use_rules_registry():
-    pytest.importorskip("relaxspec_audit.rules")
+    pytest.importorskip("relaxspec_audit.verify")
     RunConfig(rule="nucleus", params={"theta": 0.95}).validate()
     RunConfig(rule="target").validate()
     with pytest.raises(ConfigError) as info:

@@ -8,8 +8,15 @@ import pytest
 import torch
 from scipy import stats
 
-from relaxspec_audit import rules, theory
-from relaxspec_audit.rules import Block, Cause, asd_accept_length, make_params, simulate_position
+from relaxspec_audit import verify as rules
+from relaxspec_audit.verify import (
+    Block,
+    Cause,
+    asd_accept_length,
+    make_params,
+    simulate_position,
+    theory,
+)
 from relaxspec_audit.verify import rules as verify_rules
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -482,7 +489,7 @@ def test_make_params_validation():
         ("topk", {"top_k": 0}, "top_k"),
         ("topk", {"ratio": 2.0}, "ratio"),
         ("margin", {"logit_ratio": math.nan}, "logit_ratio"),
-        ("margin", {"theta": 0.8, "logit_ratio": 0.8}, "theta: give logit_ratio only"),
+        ("margin", {"theta": 0.8}, "theta: unknown parameter of rule .margin."),
         ("exact", {"theta": 0.5}, "theta: unknown parameter"),
         ("nope", {}, "rule: unknown"),
     ]

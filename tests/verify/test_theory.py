@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from relaxspec_audit import theory
+from relaxspec_audit.verify import theory
 
 P_EX = np.array([0.5, 0.3, 0.2])  # THEORY §2.1 worked example
 Q_EX = np.array([0.7, 0.2, 0.1])

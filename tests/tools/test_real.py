@@ -492,7 +492,7 @@ def test_real_pair_loads_from_cache_and_agrees_on_tokens(request):
         pytest.skip(reason)
     if "real" not in (request.config.getoption("-m") or ""):
         # Loading both fp32 models takes ~9 GB of RAM: never by accident in `make test`.
-        pytest.skip("real pair cached but not selected: run `pytest -m real tests/test_real.py`")
+        pytest.skip("real pair cached but not selected: `pytest -m real tests/tools/test_real.py`")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 
 import pytest
 
@@ -56,16 +55,6 @@ def test_run_config_carries_the_typed_params_and_round_trips():
     uncapped = RunConfig(rule="asd", params={"cap": math.inf}, temperature=0)
     assert RunConfig.from_json(uncapped.to_json()).params.cap == math.inf
     assert RunConfig(rule="target", temperature=0).params is None
-
-
-def test_margin_theta_is_a_deprecated_spelling_of_logit_ratio():
-    """``theta`` meant two things; margin's ratio is ``logit_ratio`` now, old configs work."""
-    with pytest.warns(FutureWarning, match="'theta' is deprecated, use 'logit_ratio'"):
-        old = resolve_params("margin", {"theta": 0.8}, where="demo.yaml:7")
-    assert old == resolve_params("margin", {"logit_ratio": 0.8})
-    with pytest.raises(ValueError, match="theta: give logit_ratio only"):
-        resolve_params("margin", {"theta": 0.8, "logit_ratio": 0.8})
-    assert not hasattr(old, "theta")
 
 
 def test_in_nucleus_theta_comes_from_the_registry():
@@ -141,20 +130,10 @@ def test_a_rule_added_to_the_registry_gets_cli_batch_and_label(toy_rule, tmp_pat
 def test_cli_options_are_shared_and_typed():
     opts = registry.cli_options()
     assert opts["theta"].type is float and "nucleus" in opts["theta"].help
-    assert "margin: deprecated spelling of --logit-ratio" in opts["theta"].help
+    assert "logit_ratio" in opts and "margin" not in opts["theta"].help
     assert opts["top_k_accept"].type is int  # topk's top_k (--top-k is sampling)
     assert opts["divergence"].choices == ("kl", "js", "tv")
     assert opts["cap"].type is int
-
-
-def test_batch_config_accepts_the_deprecated_spelling_with_a_warning():
-    from relaxspec_audit import batch
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        plan = batch.plan_task("arith", [{"rule": "margin", "theta": 0.8}], limit=2)
-    assert {r.params.logit_ratio for r in plan.runs} == {0.8}
-    assert sum("'theta' is deprecated" in str(w.message) for w in caught) == 1  # not per split
 
 
 # --------------------------------------------------------- resolved through the report

@@ -5,8 +5,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from relaxspec_audit import rules
-from relaxspec_audit.rules import Block, Cause, make_params
+from relaxspec_audit import verify as rules
+from relaxspec_audit.verify import Block, Cause, make_params
 from relaxspec_audit.verify.rng import sample_icdf
 
 ACCEPT_CAUSES = {c for c in Cause if c.name.startswith("ACCEPT_")}

@@ -13,7 +13,8 @@ import json
 
 import pytest
 
-from relaxspec_audit import batch, report, stats
+from relaxspec_audit import audit as stats
+from relaxspec_audit import batch, report
 from relaxspec_audit.collect import logs
 from relaxspec_audit.collect.config import EMBEDDED_DIR
 

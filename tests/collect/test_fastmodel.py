@@ -19,7 +19,7 @@ from relaxspec_audit.collect.fastmodel import FastLM, supports
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-ARITH = Path(__file__).resolve().parents[1] / "data" / "models" / "arith"
+ARITH = Path(__file__).resolve().parents[2] / "data" / "models" / "arith"
 ATOL = 1e-4  # float32; observed differences are ~1e-5 (reduction order only)
 
 

@@ -115,7 +115,7 @@ def test_greedy_floor_on_the_embedded_pair(pair, tmp_path):
 @pytest.mark.usefixtures("one_torch_thread")
 def test_numeric_floor_batch_1_vs_batch_8_stays_within_the_float_contract(pair, tmp_path):
     """exact at batch 1 and batch 8 (batch_size is not in the run id: two folders). THEORY
-    §4 guarantees floats within tolerance (tests/test_batched.py: 1e-5 on p) up to the
+    §4 guarantees floats within tolerance (tests/collect/test_batched.py: 1e-5 on p) up to the
     first near-tie, not bit-identity; the manifests differ in the batch size."""
     cfg = RunConfig(task="arith", rule="exact", temperature=1.0, **BASE)
     a = _collect(dataclasses.replace(cfg, batch_size=1), tmp_path / "b1", pair)

@@ -11,9 +11,10 @@ import math
 import numpy as np
 import polars as pl
 import pytest
-from _synthetic import THETA_GRID, make_paired_requests, make_run, sha256_ids
+from _synthetic import THETA_GRID, make_paired_requests, make_run, sha256_ids, write_committed
 
-from relaxspec_audit import stats as S
+from relaxspec_audit import audit as S
+from relaxspec_audit.audit.accuracy import _tango_z
 
 
 def _pos(rows: list[dict]) -> pl.DataFrame:
@@ -187,24 +188,6 @@ def _req(scores: list[float], run: str, items: list[str] | None = None) -> pl.Da
     )
 
 
-def test_old_margin_keyword_warns_and_maps_to_ni_margin():
-    """``margin=`` (the old name of the non-inferiority margin δ) still works, with a warning."""
-    rng = np.random.default_rng(3)
-    ref = (rng.random(60) < 0.6).astype(float)
-    rel = np.where(rng.random(60) < 0.1, 1 - ref, ref)
-    new = S.accuracy_delta(_req(rel, "rel"), _req(ref, "ref"), ni_margin=0.1)
-    with pytest.warns(FutureWarning, match=r"margin= is deprecated, use ni_margin=") as rec:
-        old = S.accuracy_delta(_req(rel, "rel"), _req(ref, "ref"), margin=0.1)
-    assert "`margin` is a verification rule" in str(rec[0].message)
-    assert rec[0].filename == __file__  # points at the caller
-    assert old.equals(new)
-    d = rel - ref
-    with pytest.warns(FutureWarning):
-        assert S.noninferiority_ttest(d, margin=0.1) == S.noninferiority_ttest(d, 0.1)
-    with pytest.raises(TypeError, match="both margin= and ni_margin="):
-        S.accuracy_delta(_req(rel, "rel"), _req(ref, "ref"), margin=0.1, ni_margin=0.1)
-
-
 def test_accuracy_delta_matches_scipy_statsmodels():
     from scipy import stats as sps
     from statsmodels.stats.contingency_tables import mcnemar
@@ -235,7 +218,7 @@ def test_accuracy_delta_matches_scipy_statsmodels():
     assert res["p_noninf"] == pytest.approx(sps.norm.sf(z))
     # TOST: the larger of Tango's two one-sided tests; near statsmodels' paired t TOST here.
     assert res["p_tost"] == pytest.approx(
-        max(res["p_noninf"], sps.norm.cdf(S._tango_z(b, c, n, 0.05)))
+        max(res["p_noninf"], sps.norm.cdf(_tango_z(b, c, n, 0.05)))
     )
     assert res["p_tost"] == pytest.approx(ttost_paired(rel, ref, -0.05, 0.05)[0], abs=0.05)
     assert res["p_wilcoxon"] == pytest.approx(sps.wilcoxon(rel - ref).pvalue)
@@ -516,12 +499,9 @@ def _write_run(root, run: dict, run_id: str, rule: str = "exact") -> str:
     from relaxspec_audit.collect import logs
 
     d = root / f"task=synth/rule={rule}/run={run_id}"
-    for table, df in run.items():
-        (d / table).mkdir(parents=True, exist_ok=True)
-        df.write_parquet(d / table / "part-00000.parquet")
     cfg = {"task": "synth", "rule": rule, "params": {}, "theta_grid": list(THETA_GRID)}
     manifest = {"schema_version": logs.SCHEMA_VERSION, "run_id": run_id, "config": cfg}
-    (d / "manifest.json").write_text(json.dumps(manifest))
+    write_committed(d, run, manifest)
     return str(d)
 
 
@@ -549,28 +529,6 @@ def test_audit_command_json_and_table(tmp_path):
     empty.mkdir()
     none = cli.invoke(main, ["audit", str(empty)])
     assert none.exit_code == 1 and "holds none" in none.output
-
-
-def test_audit_command_old_margin_option_warns(tmp_path):
-    """``--margin`` is the hidden deprecated spelling of ``--ni-margin``: same numbers."""
-    from click.testing import CliRunner
-
-    from relaxspec_audit.cli import main
-
-    run = _write_run(tmp_path / "a", make_run(12, 4, 4, seed=1, run_id="r1"), "r1")
-    ref = _write_run(tmp_path / "b", make_run(12, 4, 4, seed=2, run_id="r2"), "r2")
-    cli = CliRunner()
-    new = cli.invoke(main, ["audit", run, "--reference", ref, "--ni-margin", "0.1", "--json"])
-    old = cli.invoke(main, ["audit", run, "--reference", ref, "--margin", "0.1", "--json"])
-    assert new.exit_code == 0 and old.exit_code == 0, (new.output, old.output)
-    assert "--margin is deprecated, use --ni-margin" in old.stderr
-    assert "deprecated" not in new.stderr
-    out_new, out_old = json.loads(new.stdout), json.loads(old.stdout)
-    assert out_old["accuracy_delta"]["ni_margin"] == 0.1
-    assert out_old["accuracy_delta"] == out_new["accuracy_delta"]
-    assert "--margin" not in cli.invoke(main, ["audit", "--help"]).output  # hidden
-    both = cli.invoke(main, ["audit", run, "--ni-margin", "0.1", "--margin", "0.1"])
-    assert both.exit_code == 2 and "give --ni-margin only" in both.output
 
 
 def test_audit_summary_without_positions_still_reports_requests_level():

@@ -18,7 +18,8 @@ import pytest
 from _synthetic import make_run
 from test_batch import fake_collect, small_config
 
-from relaxspec_audit import batch, report, stats
+from relaxspec_audit import audit as stats
+from relaxspec_audit import batch, report
 from relaxspec_audit.report import plots
 
 THETAS = (0.5, 0.8, 0.9, 0.95)
