@@ -16,18 +16,18 @@ from typing import Any
 import click
 
 
-def _configs(run_dirs: list[str]) -> tuple[list[Any], list[dict[str, Any]]]:
+def _configs(run_dirs: list[str]) -> tuple[list[Any], list[Any]]:
     """The runs' configs and manifests; refuse runs that cannot share one pass."""
-    from relaxspec_audit.collect.config import TARGET_ONLY, ConfigError, RunConfig
+    from relaxspec_audit.collect.config import TARGET_ONLY
     from relaxspec_audit.collect.logs import LogError, read_manifest
 
     configs, manifests = [], []
     for d in run_dirs:
         try:
             m = read_manifest(d)
-            configs.append(RunConfig.from_dict(dict(m["config"])))
-        except (LogError, ConfigError, KeyError, TypeError) as exc:
+        except LogError as exc:
             raise click.ClickException(f"{d}: cannot rebuild the run's config: {exc}") from exc
+        configs.append(m.config)
         manifests.append(m)
     ref = configs[0]
     for d, c in zip(run_dirs[1:], configs[1:], strict=True):
@@ -91,7 +91,7 @@ def time(
     configs, manifests = _configs(run_dirs)
     ref = configs[0]
     if batch_size is None:
-        batch_size = (manifests[0].get("engine") or {}).get("batch_size") or ref.batch_size
+        batch_size = manifests[0].engine.get("batch_size") or ref.batch_size
     spec = [c for c in configs if c.rule != TARGET_ONLY]
     try:
         pair = load_pair(ref.target, spec[0].draft if spec else None, ref.device, ref.dtype)

@@ -18,13 +18,15 @@ Only numpy and polars are imported: no torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import polars as pl
+
+from relaxspec_audit.collect.manifest import RunManifest
 
 #: The cluster key of every clustered statistic (one cluster per request).
 CLUSTER = "request_id"
@@ -91,7 +93,7 @@ class RunFrames:
     positions: Frame
     rounds: Frame
     requests: Frame
-    manifests: list[dict[str, Any]]
+    manifests: list[RunManifest]
     unverified: list[str] = field(default_factory=list)
 
     @classmethod
@@ -129,19 +131,15 @@ class RunFrames:
         return _manifest_grid(self.manifests) or DEFAULT_THETA_GRID
 
 
-def _manifest_grid(manifests: Sequence[Mapping[str, Any]]) -> tuple[float, ...] | None:
-    """The runs' common ``es`` θ grid, or None if absent; differing grids are an error."""
-    grids = set()
-    for m in manifests:
-        g = m.get("config", {}).get("theta_grid", m.get("theta_grid"))
-        if g is not None:
-            grids.add(tuple(float(x) for x in g))
+def _manifest_grid(manifests: Sequence[RunManifest]) -> tuple[float, ...] | None:
+    """The runs' common ``es`` θ grid, or None without runs; differing grids are an error."""
+    grids = {m.theta_grid for m in manifests}
     if len(grids) > 1:
         raise ValueError(f"runs: different es theta grids in their manifests: {sorted(grids)}")
     return grids.pop() if grids else None
 
 
-def nsd_theta(manifests: Sequence[Mapping[str, Any]]) -> float | None:
+def nsd_theta(manifests: Sequence[RunManifest]) -> float | None:
     """The runs' common nucleus θ, where deviation accounting applies to every run.
 
     The ``(1 − ε)^T`` bound is NSD's (THEORY §2.3: TV(P, p) = E_S where θ is a nucleus
@@ -149,13 +147,7 @@ def nsd_theta(manifests: Sequence[Mapping[str, Any]]) -> float | None:
     (a logit ratio), ``asd`` or the lossless references. None when any run's rule lacks
     it, or the runs disagree on θ.
     """
-    from relaxspec_audit.verify.registry import NSD_DEVIATION, RULES, resolve_params
-
-    thetas = set()
-    for m in manifests:
-        cfg = m.get("config", {})
-        spec = RULES.get(cfg.get("rule"))
-        if spec is None or NSD_DEVIATION not in spec.measures:
-            return None
-        thetas.add(spec.nucleus_theta(resolve_params(spec.name, cfg.get("params"))))
+    thetas = {m.nucleus_theta for m in manifests}
+    if None in thetas:
+        return None
     return thetas.pop() if len(thetas) == 1 else None

@@ -197,7 +197,7 @@ def numeric_floor(run_a: Any, run_b: Any, *, alpha: float = 0.05) -> dict[str, A
     for name, fr in (("run_a", a), ("run_b", b)):
         if len(fr.manifests) != 1:
             raise ValueError(f"{name}: expected one run, got {len(fr.manifests)}")
-    diff = manifest_differences(a.manifests[0], b.manifests[0])
+    diff = manifest_differences(a.manifests[0].to_dict(), b.manifests[0].to_dict())
     _check_same_reference(diff)
     hd = hash_divergence(a.requests, b.requests, by=[], alpha=alpha).row(0, named=True)
     per = first_divergence(a.requests, b.requests, by=[], keep=[CLUSTER])

@@ -31,7 +31,7 @@ from relaxspec_audit.audit.frames import CLUSTER, Frame, _draft_rows, _lazy
 from relaxspec_audit.audit.intervals import clustered_ratio, clustered_share
 from relaxspec_audit.audit.pairing import pair_requests
 from relaxspec_audit.collect.costs import CostTable, CostTableError
-from relaxspec_audit.verify.registry import TARGET_ONLY
+from relaxspec_audit.collect.manifest import RunManifest
 
 # One E[τ] and one speed formula in the package: theory's (THEORY §1), re-exported here.
 from relaxspec_audit.verify.theory import expected_tokens_per_pass as expected_tau
@@ -160,12 +160,12 @@ def paired_speedup(
 
 
 def _cost_table(value: Any, name: str) -> CostTable | None:
-    """A :class:`CostTable` from a table, its dict, a manifest holding one, or None."""
+    """A :class:`CostTable` from a table, its dict, a run's manifest, or None."""
     if value is None or isinstance(value, CostTable):
         return value
+    if isinstance(value, RunManifest):
+        return value.cost_table
     if isinstance(value, Mapping):
-        if "config" in value or "run_id" in value:  # a manifest
-            return _cost_table(value.get("cost_table"), f"{name}['cost_table']")
         try:
             return CostTable.from_dict(value)
         except CostTableError as exc:
@@ -173,23 +173,19 @@ def _cost_table(value: Any, name: str) -> CostTable | None:
     raise TypeError(f"{name}: expected a CostTable, a mapping or None, got {type(value)}")
 
 
-def _run_shape(manifest: Mapping[str, Any], name: str) -> tuple[bool, int, bool]:
+def _run_shape(manifest: RunManifest, name: str) -> tuple[bool, int, bool]:
     """``(target_only, K, static engine)`` of a run from its manifest."""
-    cfg = manifest.get("config")
-    if not isinstance(cfg, Mapping) or "rule" not in cfg:
-        raise ValueError(f"{name}: field 'config' with 'rule' is missing from the manifest")
-    target_only = cfg["rule"] == TARGET_ONLY
-    k = cfg.get("k")
-    if not target_only and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-        raise ValueError(f"{name}: field 'config.k' must be an int >= 1, got {k!r}")
-    engine = (manifest.get("engine") or {}).get("engine")
-    return target_only, 0 if target_only else int(k), engine != "generic"
+    if not isinstance(manifest, RunManifest):
+        raise TypeError(f"{name}: expected a RunManifest, got {type(manifest).__name__}")
+    target_only = manifest.spec is None
+    k = 0 if target_only else manifest.config.k
+    return target_only, k, manifest.engine.get("engine") != "generic"
 
 
 def _request_costs(
     rounds: Frame | None,
     requests: Frame,
-    manifest: Mapping[str, Any],
+    manifest: RunManifest,
     table: CostTable,
     by: Sequence[str],
     name: str,
@@ -264,10 +260,10 @@ def _short(value: Any) -> str:
 def modelled_speedup_paired(
     rel_rounds: Frame | None,
     rel_requests: Frame,
-    rel_manifest: Mapping[str, Any],
+    rel_manifest: RunManifest,
     ref_rounds: Frame | None,
     ref_requests: Frame,
-    ref_manifest: Mapping[str, Any],
+    ref_manifest: RunManifest,
     *,
     by: Sequence[str] = (),
     alpha: float = 0.05,
@@ -344,7 +340,7 @@ def modelled_speedup_paired(
 def modelled_cost_per_token(
     rounds: Frame | None,
     requests: Frame,
-    manifest: Mapping[str, Any],
+    manifest: RunManifest,
     *,
     by: Sequence[str] = (),
     alpha: float = 0.05,

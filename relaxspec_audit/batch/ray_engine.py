@@ -464,7 +464,7 @@ class RayEngine:
                     if error is None:
                         # Parts outside every record (another namespace's leftovers, e.g.
                         # a local run killed mid-chunk) would make a complete run unreadable.
-                        verify_run(run_dir, manifest={"status": "complete"})
+                        verify_run(run_dir, complete=True)
             except Exception as exc:
                 error = error or f"{type(exc).__name__}: {exc}"
             try:
@@ -473,7 +473,7 @@ class RayEngine:
                     extra = {"cluster": self._cluster_info(planned[key], retried.get(key, 0))}
                     if key in engines:
                         extra["engine"] = engines[key][1]
-                    if read_manifest(run_dir).get("status") != status or key in engines:
+                    if read_manifest(run_dir).status != status or key in engines:
                         finish_manifest(run_dir, status, **extra)
             except Exception as exc:
                 error = error or f"{type(exc).__name__}: {exc}"

@@ -104,7 +104,7 @@ def bind_inputs(config: RunConfig, task: Any, run_dir: Path, resume: bool) -> di
     if not resume or not (run_dir / logs.MANIFEST).is_file():
         return inputs
     try:
-        old = logs.read_manifest(run_dir).get("inputs")
+        old = logs.read_manifest(run_dir).record.get("inputs")
     except logs.LogError:
         return inputs  # RunWriter refuses the folder with its own message
     if old is None or not logs.finished_request_ids(run_dir):

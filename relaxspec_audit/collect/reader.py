@@ -26,7 +26,7 @@ from typing import Any
 import polars as pl
 
 from relaxspec_audit.collect import storage
-from relaxspec_audit.collect.config import task_slug
+from relaxspec_audit.collect.manifest import RunManifest
 from relaxspec_audit.collect.schema import (
     _PART_RE,
     _RECORD_RE,
@@ -164,11 +164,12 @@ def finished_request_ids(run_dir: str | Path) -> set[str]:
     return ids
 
 
-def read_manifest(run_dir: str | Path) -> dict[str, Any]:
-    """The manifest of a run folder.
+def read_manifest(run_dir: str | Path) -> RunManifest:
+    """The manifest of a run folder, typed (its config rebuilt, rule parameters resolved).
 
     Raises:
-        LogError: the folder is not a run (no manifest.json) or has another schema version.
+        LogError: the folder is not a run (no manifest.json), has another schema version,
+            or a field does not parse (naming the file and the field).
     """
     where = _locate(run_dir)
     if isinstance(where, str):
@@ -188,7 +189,7 @@ def read_manifest(run_dir: str | Path) -> dict[str, Any]:
             f"{path}: schema_version {version!r}, this code reads {SCHEMA_VERSION}; "
             "re-collect the run or use a matching relaxspec_audit version"
         )
-    return manifest
+    return RunManifest.from_dict(manifest, str(path))
 
 
 def find_runs(paths: str | Path | Iterable[str | Path], *, variants: bool = False) -> list[Where]:
@@ -274,10 +275,9 @@ def scan(paths: str | Path | Iterable[str | Path], table: str, verify: bool = Tr
     frames = []
     for run_dir in find_runs(paths):
         manifest = read_manifest(run_dir)
-        config = manifest.get("config", {})
         chunks = committed_chunks(run_dir)
         if verify:
-            verify_run(run_dir, table, manifest=manifest, chunks=chunks)
+            verify_run(run_dir, table, complete=manifest.status == "complete", chunks=chunks)
         parts = [c.parts[table] for c in chunks if c.parts[table] is not None]
         if not verify:  # read what is there: a missing part is verify's to report
             exists = Path.is_file if isinstance(run_dir, Path) else _Remote(run_dir).has
@@ -285,9 +285,9 @@ def scan(paths: str | Path | Iterable[str | Path], table: str, verify: bool = Tr
         if not parts:
             continue
         keys = {
-            "task": task_slug(config["task"]) if "task" in config else _hive_value(run_dir, "task"),
-            "rule": config.get("rule", _hive_value(run_dir, "rule")),
-            "run": manifest.get("run_id", _hive_value(run_dir, "run")),
+            "task": manifest.task_slug,
+            "rule": manifest.rule,
+            "run": manifest.run_id or _hive_value(run_dir, "run"),
         }
         lf = _scan_parts(sorted(parts), table, **_polars_options(run_dir))
         frames.append(
@@ -341,15 +341,21 @@ def verify_run(
     run_dir: str | Path,
     table: str | None = None,
     *,
-    manifest: Mapping[str, Any] | None = None,
+    complete: bool | None = None,
     chunks: list[_Chunk] | None = None,
 ) -> bool:
     """Check a run's committed chunks; the parts of ``table`` (default: all) fully.
 
     Every commit record's parts must exist; request ids must be unique across records;
-    in a ``complete`` run no part may lie outside a record. Each part of ``table`` must
+    in a complete run no part may lie outside a record. Each part of ``table`` must
     have its recorded size and sha256 and values in range; ``requests`` ids must be unique
     across the run.
+
+    Args:
+        run_dir: the run folder.
+        table: check the parts of this table only (None: every table).
+        complete: check it as a complete run (None: as its manifest's status says).
+        chunks: its committed chunks, when already listed.
 
     Returns:
         True (every check passed).
@@ -358,7 +364,8 @@ def verify_run(
         LogError: the first problem, naming the file and the column or request.
     """
     run_dir = _locate(run_dir)
-    manifest = read_manifest(run_dir) if manifest is None else manifest
+    if complete is None:
+        complete = read_manifest(run_dir).status == "complete"
     chunks = committed_chunks(run_dir) if chunks is None else chunks
     remote = _Remote(run_dir) if isinstance(run_dir, str) else None
     seen: dict[str, Where] = {}
@@ -373,7 +380,7 @@ def verify_run(
             if rid in seen:
                 raise LogError(f"{c.record}: request {rid!r} committed twice (also in {seen[rid]})")
             seen[rid] = c.record
-    if manifest.get("status") == "complete":
+    if complete:
         for t in TABLES:
             on_disk = _parts(run_dir / t) if remote is None else remote.parts(t)
             for part in on_disk:

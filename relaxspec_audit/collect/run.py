@@ -176,8 +176,10 @@ def _complete(run_dir: Path, request_ids: Iterable[str]) -> dict[str, Any] | Non
         manifest = read_manifest(run_dir)
     except (LogError, OSError, ValueError):
         return None
-    done = manifest.get("status") == "complete"
-    return manifest if done and set(request_ids) <= finished_request_ids(run_dir) else None
+    done = manifest.status == "complete"
+    if done and set(request_ids) <= finished_request_ids(run_dir):
+        return manifest.to_dict()
+    return None
 
 
 @dataclass(frozen=True)

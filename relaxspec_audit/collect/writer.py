@@ -347,7 +347,7 @@ def finish_manifest(run_dir: str | Path, status: str, **fields: Any) -> dict[str
     """
     from relaxspec_audit.collect.reader import read_manifest
 
-    manifest = read_manifest(run_dir)
+    manifest = read_manifest(run_dir).to_dict()
     manifest.update(fields)
     manifest.update(status=status, ended_at=_now(), n_requests=len(finished_request_ids(run_dir)))
     write_manifest(run_dir, manifest)

@@ -141,7 +141,7 @@ def of_pair(run_dir: Path, shas: Mapping[str, str]) -> bool:
     """
     from relaxspec_audit.collect import logs
 
-    models = (logs.read_manifest(run_dir).get("inputs") or {}).get("models") or {}
+    models = logs.read_manifest(run_dir).inputs.get("models") or {}
     return all(
         ((models.get(role) or {}).get("files") or {}).get("model.safetensors") == sha
         for role, sha in shas.items()
@@ -163,14 +163,14 @@ def cost_rows(runs: Path, mine: Iterable[Path]) -> list[dict[str, Any]]:
     tables: dict[str, Any] = {}
     for run_dir in mine:
         manifest = logs.read_manifest(run_dir)
-        stored = manifest.get("cost_table")
-        if manifest.get("config", {}).get("variant") or not stored:
+        stored = manifest.cost_table
+        if manifest.variant or stored is None:
             continue
-        if stored["id"] not in tables:
+        if stored.id not in tables:
             try:  # the stored file is the batch's table; the manifest holds a copy
-                tables[stored["id"]] = costs.load(runs, stored["id"])
+                tables[stored.id] = costs.load(runs, stored.id)
             except costs.CostTableError:
-                tables[stored["id"]] = costs.CostTable.from_dict(stored)
+                tables[stored.id] = stored
     rows = []
     for tid, t in sorted(tables.items()):
         scope = f"B={t.batch_size}, K={t.k}, {t.device} {t.dtype}"
@@ -257,7 +257,7 @@ def exact_rows(runs: Path, mine: Iterable[Path]) -> list[dict[str, Any]]:
     from relaxspec_audit.audit.anatomy import entropy_gaps, rejection_anatomy
     from relaxspec_audit.audit.frames import CLUSTER, RunFrames
     from relaxspec_audit.audit.intervals import clustered_share
-    from relaxspec_audit.report.runs import runs_table
+    from relaxspec_audit.audit.runs import runs_table
 
     table = runs_table(runs).filter((pl.col("rule") == "exact") & (pl.col("temperature") == 1.0))
     ours = [str(Path(d).resolve()) for d in mine]

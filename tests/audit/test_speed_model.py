@@ -20,6 +20,7 @@ from relaxspec_audit.audit.speedup import (
     speed,
 )
 from relaxspec_audit.collect.costs import CostTable
+from relaxspec_audit.collect.manifest import RunManifest
 
 _MODEL = {"model_type": "llama", "n_params": 1000, "config_sha256": "ab" * 32, "path": "t"}
 
@@ -32,11 +33,11 @@ def _table(**kw) -> CostTable:
     return CostTable(**args)
 
 
-def _manifest(rule: str, k: int, table: CostTable | None, engine: str = "static") -> dict:
+def _manifest(rule: str, k: int, table: CostTable | None, engine: str = "static") -> RunManifest:
     m = {"run_id": f"{rule}-{k}", "config": {"rule": rule, "k": k}, "engine": {"engine": engine}}
     if table is not None:
         m["cost_table"] = table.to_dict()
-    return m
+    return RunManifest.from_dict(m)
 
 
 def _run(rounds_per_item: dict[str, list[tuple[int, int]]], run_id: str):

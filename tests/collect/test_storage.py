@@ -290,9 +290,9 @@ def test_a_local_store_copies_or_does_nothing(tmp_path):
 
 
 def test_reports_take_a_runs_url(tmp_path, store):
-    from relaxspec_audit.report.parameters import resolve_runs_dir, validate_parameters
-    from relaxspec_audit.report.runs import runs_table
-    from relaxspec_audit.report.speed import timing_for
+    from relaxspec_audit.audit.runs import runs_table
+    from relaxspec_audit.audit.speed_facts import timing_for
+    from relaxspec_audit.batch.parameters import resolve_runs_dir, validate_parameters
 
     rd, rel = _write(tmp_path / "runs", ids=("a", "b"))
     _push(store, rd, rel)
