@@ -329,3 +329,109 @@ def write_committed(run_dir, frames: dict[str, pl.DataFrame], manifest: dict) ->
     (run_dir / "commits").mkdir(parents=True, exist_ok=True)
     (run_dir / "commits" / "w0-00000.json").write_text(json.dumps(record))
     (run_dir / "manifest.json").write_text(json.dumps(manifest))
+
+
+def cost_table(**fields) -> dict:
+    """A complete cost-table dict (``CostTable.to_dict`` form) with test defaults.
+
+    The ``id`` is recomputed from the fields, as a stored table's is.
+    """
+    from relaxspec_audit.collect.costs import CostTable
+
+    data = {"target": {"model_type": "llama", "n_params": 1}, "draft": None, "device": "cpu",
+            "device_name": "test", "dtype": "float32", "k": 4, "batch_size": 1,
+            "draft_step_s": 0.001, "verify_s": 0.003, "target_step_s": 0.002}  # fmt: skip
+    data.update({k: v for k, v in fields.items() if k != "id"})
+    return CostTable.from_dict(data).to_dict()
+
+
+def manifest(data: dict, where: str = "test/manifest.json"):
+    """A manifest dict as the typed reader returns it (``RunManifest``); its cost table
+    completed with :func:`cost_table`'s defaults when partial."""
+    from relaxspec_audit.collect.manifest import RunManifest
+
+    data = dict(data)
+    if isinstance(data.get("cost_table"), dict):
+        data["cost_table"] = cost_table(**data["cost_table"])
+    return RunManifest.from_dict(data, where)
+
+
+def speed_facts(**fields):
+    """A ``SpeedFacts`` record with test defaults (nothing known)."""
+    from relaxspec_audit.audit.records import SpeedFacts
+
+    data = {"modelled": {"speedup": None, "ci_low": None, "ci_high": None, "basis": None,
+                         "note": None},
+            "vs_target": None, "reference_vs_target": None, "wall_clock": None,
+            "sentence": "", "split": "confirmation"}  # fmt: skip
+    data.update(fields)
+    return SpeedFacts.model_validate(data)
+
+
+def family_verdict(**fields):
+    """A ``FamilyVerdict`` record with test defaults: no rows, no evidence."""
+    from relaxspec_audit.audit.results import FamilyVerdict
+
+    data = {"rule": "nucleus", "reference": "exact", "knob": "theta", "verdict": "INCONCLUSIVE",
+            "chosen": None, "setting": None, "shown_setting": None, "discovery": None,
+            "confirmation": None, "frontier": [], "speed": speed_facts(), "noise_floor": None,
+            "attribution": None, "loglik": None, "coupling": None, "reasons": [],
+            "caveats": [], "n_required": None, "select": None, "headline": "test."}  # fmt: skip
+    data.update(fields)
+    return FamilyVerdict.model_validate(data)
+
+
+def manifest_facts(**fields):
+    """A ``ManifestFacts`` record with test defaults."""
+    from relaxspec_audit.audit.results import ManifestFacts
+
+    data = {"n_runs": 0, "models": [], "seeds": [], "k": [], "temperatures": [],
+            "max_new_tokens": [], "package_version": "0", "git_commit": None, "versions": [],
+            "hosts": [], "started_at": None, "ended_at": None, "statuses": {}}  # fmt: skip
+    data.update(fields)
+    return ManifestFacts.model_validate(data)
+
+
+def task_audit(**fields):
+    """A ``TaskAudit`` record with test defaults (one task, no family)."""
+    from relaxspec_audit.audit.results import TaskAudit
+
+    data = {"batch": None, "task": "t", "task_slug": "t", "generated_at": "2026-01-01T00:00:00",
+            "package_version": "0", "status": "ok", "ni_margin": 0.02, "alpha": 0.05,
+            "min_gain": 1.0, "families": [],
+            "rejection_anatomy": {"rule": "exact", "alpha": 0.05, "runs": [], "note": None},
+            "manifest": manifest_facts(), "n_runs": 0}  # fmt: skip
+    data.update(fields)
+    return TaskAudit.model_validate(data)
+
+
+def setting_row(**fields):
+    """A ``SettingRow`` record with test defaults: every number unknown."""
+    from relaxspec_audit.audit.records import SettingRow
+
+    data = {name: None for name in SettingRow.model_fields}
+    data.update(rule="nucleus", reference="exact", setting="nucleus θ=0.95",
+                is_reference=False, params='{"theta": 0.95}')  # fmt: skip
+    data.update(fields)
+    return SettingRow.model_validate(data)
+
+
+def frontier_row(**fields):
+    """A ``FrontierRow`` record with test defaults (θ = 0.95, nothing known)."""
+    from relaxspec_audit.audit.records import FrontierRow
+
+    data = {name: None for name in FrontierRow.model_fields if name != "setting"}
+    data.update(setting={"theta": 0.95}, noninferior=False)
+    data.update(fields)
+    return FrontierRow.model_validate(data)
+
+
+def verdict(**fields):
+    """A ``Verdict`` record with test defaults (INCONCLUSIVE, nothing chosen)."""
+    from relaxspec_audit.audit.records import Verdict
+
+    numbers = {"ni_margin": 0.02, "alpha": 0.05, "power": 0.8, "min_gain": 1.0, "eps_cap": None}
+    numbers.update(fields.pop("numbers", {}))
+    data = {"status": "INCONCLUSIVE", "setting": None, "reasons": [], "numbers": numbers}
+    data.update(fields)
+    return Verdict.model_validate(data)

@@ -2,7 +2,7 @@
 
 The statistics are computed by :func:`relaxspec_audit.audit.summary.audit_summary` (the same
 function notebooks and the batch runner call); this module parses, refuses a selection
-that mixes settings (``report.runs.check_one_setting``) and prints.
+that mixes settings (``audit.runs.check_one_setting``) and prints.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def _theta_grid(ctx: click.Context, param: click.Parameter, value: str | None):
 def _notebook_value(name: str):
     """A click callback checking an option as the notebooks check parameter ``name``.
 
-    ``report.validate_parameters`` is the one checker of notebooks, batch configs and
+    ``batch.validate_parameters`` is the one checker of notebooks, batch configs and
     this command, so ``--ni-margin 5`` (500 points) or ``--alpha nan`` is a usage error
     here exactly as ``ni_margin: 5`` is in a config.
     """
@@ -76,7 +76,7 @@ def _notebook_value(name: str):
     def check(ctx: click.Context, param: click.Parameter, value: float | None):
         if value is None:
             return None
-        from relaxspec_audit.report.parameters import validate_parameters
+        from relaxspec_audit.batch.parameters import validate_parameters
 
         try:
             validate_parameters(**{name: value})
@@ -321,8 +321,8 @@ def _check_selection(
     """
     import json
 
+    from relaxspec_audit.audit.runs import check_one_setting, setting_key
     from relaxspec_audit.collect import logs
-    from relaxspec_audit.report.runs import check_one_setting, setting_key
 
     def blob(key: Any) -> str:
         return json.dumps(key, sort_keys=True, default=str)
@@ -332,7 +332,7 @@ def _check_selection(
         check_one_setting(run_dirs, "RUN_DIRS")
     except ValueError as exc:
         spilled = [
-            logs.read_manifest(d).get("run_id")
+            logs.read_manifest(d).run_id
             for d in logs.find_runs(run_dirs)
             if ref_key is not None and blob(setting_key(logs.read_manifest(d))) == blob(ref_key)
         ]

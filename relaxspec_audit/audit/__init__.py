@@ -20,145 +20,119 @@ is clustered by request. One module per idea:
 * :mod:`.power` — items needed by the test that is run (Tango, paired t on item means);
 * :mod:`.summary` — all of the above as one JSON-ready dict (``audit_summary``);
 * :mod:`.select` — frontier, non-inferior choice, discovery → confirmation, ``Verdict``
-  (``PASS`` needs a modelled gain; else ``NO-GAIN``).
+  (``PASS`` needs a modelled gain; else ``NO-GAIN``);
+* :mod:`.runs` — a task's runs, read once from their typed manifests; reference pairing;
+* :mod:`.table` — every run of a task against its reference, one row each;
+* :mod:`.evidence`, :mod:`.speed_facts`, :mod:`.task_anatomy` — what a verdict's reader
+  needs beside it: noise floor, attribution, likelihood, coupling, speed in words, the
+  rejection anatomy;
+* :mod:`.signoff` — where a task's verdicts are decided: ``audit_task`` → ``TaskAudit``;
+* :mod:`.results` — the typed results; their JSON is ``summary.json``;
+* :mod:`.divergences` — which outputs a relaxed rule changed, for the explorer.
 
-Only numpy, polars, scipy and statsmodels are imported (scipy and statsmodels inside
-functions): no torch.
+The public names below, and the submodules, are imported on first use (PEP 562), so that
+importing one light module of the stage (the typed results a renderer reads) does not load
+polars and the log reader. Only numpy, polars, pydantic, scipy and statsmodels are
+imported: no torch.
 """
 
 from __future__ import annotations
 
-from relaxspec_audit.audit.accuracy import (
-    accuracy_delta,
-    clustered_mcnemar,
-    noninferiority_ttest,
-    tango_ci,
-    tango_noninferiority,
-)
-from relaxspec_audit.audit.anatomy import (
-    DEFAULT_THETA_GRID,
-    SUBSETS,
-    TOPK,
-    entropy_gaps,
-    rejection_anatomy,
-)
-from relaxspec_audit.audit.attribution import attribute_divergence, attribution_summary
-from relaxspec_audit.audit.counterfactual import counterfactual_nsd
-from relaxspec_audit.audit.coupling import coupling_gain
-from relaxspec_audit.audit.fidelity import (
-    deviation_accounting,
-    deviation_by_position,
-    deviation_per_request,
-    es_index,
-    first_divergence,
-    flatten_es,
-    hash_divergence,
-)
-from relaxspec_audit.audit.frames import CLUSTER, Frame, RunFrames, Scope, json_safe
-from relaxspec_audit.audit.intervals import (
-    cluster_bootstrap_ratio,
-    clustered_ratio,
-    clustered_share,
-)
-from relaxspec_audit.audit.likelihood import emitted_loglik, loglik_delta
-from relaxspec_audit.audit.noise import floor_sentence, greedy_floor, numeric_floor
-from relaxspec_audit.audit.pairing import pair_requests, sample_index
-from relaxspec_audit.audit.power import (
-    planning_discordance,
-    required_items_mean,
-    required_items_tango,
-    tango_power,
-)
-from relaxspec_audit.audit.select import (
-    Status,
-    Verdict,
-    assign_split,
-    frontier,
-    needed_items,
-    pass_cost,
-    planning_sd,
-    recommend,
-    requests_speedup,
-    required_items,
-    setting_params,
-    settings_frame,
-)
-from relaxspec_audit.audit.speedup import (
-    acceptance_by_position,
-    expected_tau,
-    modelled_cost_per_token,
-    modelled_speedup,
-    modelled_speedup_paired,
-    paired_speedup,
-    speed,
-)
-from relaxspec_audit.audit.summary import AUDIT_SCHEMA_VERSION, audit_summary, summary_json
-from relaxspec_audit.audit.walltime import timing_label, timing_speedups, walltime_speedup
+import importlib
+from typing import Any
 
-__all__ = [
-    "AUDIT_SCHEMA_VERSION",
-    "CLUSTER",
-    "DEFAULT_THETA_GRID",
-    "SUBSETS",
-    "TOPK",
-    "Frame",
-    "RunFrames",
-    "Scope",
-    "Status",
-    "Verdict",
-    "acceptance_by_position",
-    "accuracy_delta",
-    "assign_split",
-    "attribute_divergence",
-    "attribution_summary",
-    "audit_summary",
-    "cluster_bootstrap_ratio",
-    "clustered_mcnemar",
-    "clustered_ratio",
-    "clustered_share",
-    "counterfactual_nsd",
-    "coupling_gain",
-    "deviation_accounting",
-    "deviation_by_position",
-    "deviation_per_request",
-    "emitted_loglik",
-    "entropy_gaps",
-    "es_index",
-    "expected_tau",
-    "first_divergence",
-    "flatten_es",
-    "floor_sentence",
-    "frontier",
-    "greedy_floor",
-    "hash_divergence",
-    "json_safe",
-    "loglik_delta",
-    "modelled_cost_per_token",
-    "modelled_speedup",
-    "modelled_speedup_paired",
-    "needed_items",
-    "noninferiority_ttest",
-    "numeric_floor",
-    "pair_requests",
-    "paired_speedup",
-    "pass_cost",
-    "planning_discordance",
-    "planning_sd",
-    "recommend",
-    "rejection_anatomy",
-    "requests_speedup",
-    "required_items",
-    "required_items_mean",
-    "required_items_tango",
-    "sample_index",
-    "setting_params",
-    "settings_frame",
-    "speed",
-    "summary_json",
-    "tango_ci",
-    "tango_noninferiority",
-    "tango_power",
-    "timing_label",
-    "timing_speedups",
-    "walltime_speedup",
-]
+#: Public name → the module of the stage that defines it.
+_PUBLIC = {
+    "accuracy_delta": "accuracy",
+    "clustered_mcnemar": "accuracy",
+    "noninferiority_ttest": "accuracy",
+    "tango_ci": "accuracy",
+    "tango_noninferiority": "accuracy",
+    "DEFAULT_THETA_GRID": "anatomy",
+    "SUBSETS": "anatomy",
+    "TOPK": "anatomy",
+    "entropy_gaps": "anatomy",
+    "rejection_anatomy": "anatomy",
+    "attribute_divergence": "attribution",
+    "attribution_summary": "attribution",
+    "counterfactual_nsd": "counterfactual",
+    "coupling_gain": "coupling",
+    "deviation_accounting": "fidelity",
+    "deviation_by_position": "fidelity",
+    "deviation_per_request": "fidelity",
+    "es_index": "fidelity",
+    "first_divergence": "fidelity",
+    "flatten_es": "fidelity",
+    "hash_divergence": "fidelity",
+    "CLUSTER": "frames",
+    "Frame": "frames",
+    "RunFrames": "frames",
+    "Scope": "frames",
+    "json_safe": "frames",
+    "cluster_bootstrap_ratio": "intervals",
+    "clustered_ratio": "intervals",
+    "clustered_share": "intervals",
+    "emitted_loglik": "likelihood",
+    "loglik_delta": "likelihood",
+    "floor_sentence": "noise",
+    "greedy_floor": "noise",
+    "numeric_floor": "noise",
+    "pair_requests": "pairing",
+    "sample_index": "pairing",
+    "planning_discordance": "power",
+    "required_items_mean": "power",
+    "required_items_tango": "power",
+    "tango_power": "power",
+    "SettingRow": "records",
+    "FamilyVerdict": "results",
+    "SUMMARY_SCHEMA": "results",
+    "SUMMARY_SCHEMA_VERSION": "results",
+    "TaskAudit": "results",
+    "TaskRuns": "runs",
+    "check_one_setting": "runs",
+    "runs_table": "runs",
+    "setting_key": "runs",
+    "Status": "select",
+    "Verdict": "select",
+    "assign_split": "select",
+    "frontier": "select",
+    "needed_items": "select",
+    "pass_cost": "select",
+    "planning_sd": "select",
+    "recommend": "select",
+    "requests_speedup": "select",
+    "required_items": "select",
+    "setting_params": "select",
+    "settings_frame": "select",
+    "audit_task": "signoff",
+    "family_verdicts": "signoff",
+    "finish": "signoff",
+    "acceptance_by_position": "speedup",
+    "expected_tau": "speedup",
+    "modelled_cost_per_token": "speedup",
+    "modelled_speedup": "speedup",
+    "modelled_speedup_paired": "speedup",
+    "paired_speedup": "speedup",
+    "speed": "speedup",
+    "AUDIT_SCHEMA_VERSION": "summary",
+    "audit_summary": "summary",
+    "summary_json": "summary",
+    "audit_table": "table",
+    "first_divergences": "table",
+    "timing_label": "walltime",
+    "timing_speedups": "walltime",
+    "walltime_speedup": "walltime",
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(f"{__name__}.{_PUBLIC[name]}"), name)
+    try:  # a submodule: audit.runs, audit.select, …
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":
+            raise  # the submodule exists and something it imports is missing
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None

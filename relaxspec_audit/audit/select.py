@@ -20,66 +20,49 @@ scipy and statsmodels are imported: no torch.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import polars as pl
 
 from relaxspec_audit.audit.accuracy import accuracy_delta
-from relaxspec_audit.audit.frames import Frame, _lazy, json_safe
+from relaxspec_audit.audit.frames import Frame, _lazy
 from relaxspec_audit.audit.pairing import pair_requests
+from relaxspec_audit.audit.records import Status, Verdict, VerdictNumbers
+from relaxspec_audit.audit.runs import (
+    COST_TABLE,
+    PASS_COST,
+    pass_cost,
+    setting_params,
+    settings_frame,
+)
 from relaxspec_audit.audit.speedup import paired_speedup
+from relaxspec_audit.verify.registry import setting_words
 
-Status = Literal["PASS", "NO-GAIN", "FAIL", "INCONCLUSIVE"]
+__all__ = [
+    "COST_TABLE",
+    "DEFAULT_MIN_GAIN",
+    "PASS_COST",
+    "Status",
+    "Verdict",
+    "assign_split",
+    "frontier",
+    "needed_items",
+    "pass_cost",
+    "planning_sd",
+    "recommend",
+    "requests_speedup",
+    "required_items",
+    "setting_params",
+    "settings_frame",
+]
 
 #: Default minimum modelled speed-up over the reference that PASS needs (its lower bound
 #: must exceed it): a relaxed rule that is not faster than its lossless reference buys
 #: nothing for its fidelity cost.
 DEFAULT_MIN_GAIN = 1.0
-
-#: Column of a requests frame holding the modelled seconds of one target pass of its run
-#: (``K·draft_step_s + verify_s``, or ``target_step_s`` for target-only decoding, from the
-#: run's cost table; :func:`settings_frame` adds it).
-PASS_COST = "pass_cost"
-#: Column with the id of the cost table that priced the run (null: none).
-COST_TABLE = "cost_table"
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """The sign-off of a relaxed setting (THEORY §3).
-
-    Attributes:
-        status: ``PASS`` (non-inferior at δ on the confirmation split, with
-            enough items, and the lower bound of the modelled speed-up over the reference
-            above ``min_gain``), ``NO-GAIN`` (non-inferior, but not shown faster than
-            ``min_gain``: nothing to turn on), ``FAIL`` (shown inferior, over the ε cap, or
-            not non-inferior with an adequately powered confirmation), or
-            ``INCONCLUSIVE`` (too few items to decide; ``n_required`` says how many).
-        setting: the chosen setting (e.g. ``{"theta": 0.9}``), or None.
-        reasons: plain-language reasons, in the order they were established.
-        numbers: the numbers behind the decision (frontier, confirmation row, ``ni_margin``…).
-        n_required: items per split needed for the one-sided non-inferiority test to
-            have the requested power (:func:`required_items`), when computed.
-    """
-
-    status: Status
-    setting: dict[str, Any] | None
-    reasons: list[str]
-    numbers: dict[str, Any] = field(default_factory=dict)
-    n_required: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-Python dict (non-finite floats become None)."""
-        return json_safe(asdict(self))
-
-    def to_json(self, indent: int | None = 2) -> str:
-        """JSON text of :meth:`to_dict`."""
-        return json.dumps(self.to_dict(), indent=indent)
 
 
 def required_items(
@@ -115,72 +98,6 @@ def planning_sd(sd_diff: float, n_items: int, binary: bool) -> float:
     if binary:
         return float(max(sd_diff, math.sqrt(3.0 / n_items)))
     return float(sd_diff)
-
-
-def setting_params(rule: str) -> tuple[str, ...]:
-    """The parameters that define a setting of ``rule`` (the registry's, in its order)."""
-    from relaxspec_audit.verify.registry import RULES
-
-    return RULES[rule].param_names if rule in RULES else ()
-
-
-def pass_cost(manifest: Mapping[str, Any]) -> float | None:
-    """Modelled seconds of one target pass of a run, from its manifest's cost table.
-
-    A speculative round is K draft steps and one verify pass of K+1 tokens; a target-only
-    token is one target step (docs/STATISTICS.md §7). None without a cost table.
-    """
-    from relaxspec_audit.verify.registry import TARGET_ONLY
-
-    table = manifest.get("cost_table")
-    cfg = manifest.get("config", {})
-    if not isinstance(table, Mapping):
-        return None
-    try:
-        if cfg.get("rule") == TARGET_ONLY:
-            return float(table["target_step_s"])
-        k = int(cfg["k"])
-        cost = k * float(table["draft_step_s"]) + float(table["verify_s"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    # verify_s was measured for a pass of the table's K + 1 tokens: another K is mispriced.
-    if table.get("k") is not None and int(table["k"]) != k:
-        raise ValueError(
-            f"config.k: run {manifest.get('run_id')} drafts K = {k} but its cost table "
-            f"{table.get('id')} was calibrated at cost_table.k = {table['k']}"
-        )
-    return cost
-
-
-def settings_frame(manifests: Sequence[Mapping[str, Any]]) -> pl.DataFrame:
-    """One row per run: ``run``, ``rule``, ``pass_cost``, ``cost_table`` and the resolved params.
-
-    Join it to a ``requests`` scan on ``run`` (the hive key of ``logs.scan``) to get the
-    setting columns :func:`frontier` groups by, and each run's modelled cost of a target
-    pass (:func:`pass_cost`; null without a cost table). Parameters are resolved by the
-    registry (defaults filled in), so a run at the default θ and one that names θ = 0.95
-    are the same setting, and a setting given only its budget has its gate and cap too.
-    """
-    from relaxspec_audit.verify.registry import RULES, params_dict, resolve_params
-
-    rows = []
-    for m in manifests:
-        cfg = m.get("config", {})
-        rule = cfg.get("rule")
-        table = m.get("cost_table")
-        table_id = table.get("id") if isinstance(table, Mapping) else None
-        row = {"run": m.get("run_id"), "rule": rule, PASS_COST: pass_cost(m), COST_TABLE: table_id}
-        if rule in RULES:
-            row.update(params_dict(resolve_params(rule, cfg.get("params"))))
-        rows.append(row)
-    # An int parameter that is ∞ in some run (an uncapped ASD) is a float column.
-    floats = {k for row in rows for k, v in row.items() if isinstance(v, float)}
-    floats.add(PASS_COST)
-    rows = [
-        {k: float(v) if k in floats and v is not None else v for k, v in row.items()}
-        for row in rows
-    ]
-    return pl.DataFrame(rows, schema_overrides={PASS_COST: pl.Float64, COST_TABLE: pl.String})
 
 
 def _with_item_key(frame: Frame, name: str) -> pl.DataFrame:
@@ -470,6 +387,10 @@ def recommend(
     numbers["eps_cap"] = eps_cap
     reasons: list[str] = []
 
+    def verdict(status: Status, setting: Mapping[str, Any] | None, n: int | None) -> Verdict:
+        return Verdict(status=status, setting=setting, reasons=reasons,
+                       numbers=VerdictNumbers(**numbers), n_required=n)  # fmt: skip
+
     fd = frontier(rel_d, ref_d, cols, ni_margin=ni_margin, alpha=alpha, eps=eps)
     numbers["discovery"] = fd.to_dicts()
     cand = fd.filter(pl.col("noninferior"))
@@ -485,25 +406,26 @@ def recommend(
         allowed = fd if eps_cap is None else fd.filter(pl.col("eps") <= eps_cap)
         if allowed.height == 0 or allowed.filter(pl.col("ci_high") >= -ni_margin).height == 0:
             reasons.append(
-                f"no setting is non-inferior at δ = {ni_margin} on discovery: "
-                f"{inferior.height} of {fd.height} are shown inferior (CI upper < −{ni_margin})"
+                f"no setting is non-inferior at δ = {_pt(ni_margin, sign=False)} on discovery: "
+                f"{inferior.height} of {fd.height} are shown inferior "
+                f"(CI upper < −{_pt(ni_margin, sign=False)})"
             )
-            return Verdict("FAIL", None, reasons, numbers)
+            return verdict("FAIL", None, None)
         best = _fastest(allowed.filter(pl.col("ci_high") >= -ni_margin), cols)
         n_req, plan = needed_items(best, ni_margin, alpha=alpha, power=power)
         n_req = max(min_items, n_req)
         reasons.append(
-            f"no setting shown non-inferior at δ = {ni_margin} on discovery "
+            f"no setting shown non-inferior at δ = {_pt(ni_margin, sign=False)} on discovery "
             f"({n_disc} items); about {n_req} items per split are needed for power {power} "
             f"({plan['test']}, {plan['note']})"
         )
         numbers["planning"] = plan
-        return Verdict("INCONCLUSIVE", None, reasons, numbers, n_required=n_req)
+        return verdict("INCONCLUSIVE", None, n_req)
 
     chosen = _fastest(cand, cols)
     setting = {c: chosen[c] for c in cols}
     reasons.append(
-        f"discovery: fastest non-inferior setting {setting} "
+        f"discovery: fastest non-inferior setting {setting_words(setting)} "
         f"(modelled speed-up {_x(chosen['speedup'])}×, τ {_x(chosen.get('tau'))}, "
         f"accuracy Δ {_pt(chosen['delta'])}, p {chosen['p_noninf']:.3g}, "
         f"{chosen['n_items']} items)"
@@ -515,8 +437,8 @@ def recommend(
     match = pl.all_horizontal([pl.col(c) == v for c, v in setting.items()])
     conf_rel = rel_c.filter(match)
     if conf_rel.height == 0:
-        reasons.append(f"confirmation: no requests for setting {setting}")
-        return Verdict("INCONCLUSIVE", setting, reasons, numbers, n_required=n_req)
+        reasons.append(f"confirmation: no requests for setting {setting_words(setting)}")
+        return verdict("INCONCLUSIVE", setting, n_req)
     fc = frontier(conf_rel, ref_c, cols, ni_margin=ni_margin, alpha=alpha, eps=eps).row(
         0, named=True
     )
@@ -524,10 +446,10 @@ def recommend(
     if fc["n_items"] < n_req:
         reasons.append(
             f"confirmation has {fc['n_items']} items; at least {n_req} are needed "
-            f"(power {power} at δ = {ni_margin}, {plan['test']}, {plan['note']}, "
+            f"(power {power} at δ = {_pt(ni_margin, sign=False)}, {plan['test']}, {plan['note']}, "
             f"minimum {min_items})"
         )
-        return Verdict("INCONCLUSIVE", setting, reasons, numbers, n_required=n_req)
+        return verdict("INCONCLUSIVE", setting, n_req)
     if not fc["noninferior"]:
         shown = "shown inferior" if fc["ci_high"] < -ni_margin else "not shown non-inferior"
         reasons.append(
@@ -536,7 +458,7 @@ def recommend(
             f"{_level(alpha)} CI [{_pt(fc['ci_low'])}, {_pt(fc['ci_high'])}], "
             f"p {fc['p_noninf']:.3g})"
         )
-        return Verdict("FAIL", setting, reasons, numbers, n_required=n_req)
+        return verdict("FAIL", setting, n_req)
     reasons.append(
         f"confirmation: non-inferior at δ = {_pt(ni_margin, sign=False)} (accuracy Δ "
         f"{_pt(fc['delta'])}, {_ni_bound(fc, alpha)}, "
@@ -553,12 +475,12 @@ def recommend(
     low = fc["speedup_ci_low"]
     if low is not None and math.isfinite(low) and low > min_gain:
         reasons.append(f"{gain}: its lower bound clears the minimum gain {min_gain:g}×")
-        return Verdict("PASS", setting, reasons, numbers, n_required=n_req)
+        return verdict("PASS", setting, n_req)
     reasons.append(
         f"{gain}: not shown above the minimum gain {min_gain:g}×, so the relaxation "
         "buys no speed here"
     )
-    return Verdict("NO-GAIN", setting, reasons, numbers, n_required=n_req)
+    return verdict("NO-GAIN", setting, n_req)
 
 
 def _pt(value: float, *, sign: bool = True) -> str:

@@ -49,6 +49,8 @@ from relaxspec_audit.audit.speedup import (
     paired_speedup,
     speed,
 )
+from relaxspec_audit.collect.manifest import RunManifest
+from relaxspec_audit.verify.registry import RULES
 
 #: Version of the JSON written by :func:`audit_summary` (docs/STATISTICS.md lists the keys).
 #: 3: ``speedup_vs_reference`` / ``speedup_vs_baseline`` are the modelled speed-ups (pass
@@ -93,8 +95,8 @@ def _modelled(
 
 def _with_costs(requests: pl.DataFrame, frames: RunFrames) -> pl.DataFrame:
     """``requests`` with each run's cost of a target pass and its table id (null: none)."""
-    costs = {m.get("run_id"): pass_cost(m) for m in frames.manifests}
-    ids = {m.get("run_id"): (m.get("cost_table") or {}).get("id") for m in frames.manifests}
+    costs = {m.run_id: pass_cost(m) for m in frames.manifests}
+    ids = {m.run_id: m.cost_table.id if m.cost_table else None for m in frames.manifests}
     if "run_id" not in requests.columns:
         return requests.with_columns(
             pl.lit(None, pl.Float64).alias(PASS_COST), pl.lit(None, pl.String).alias(COST_TABLE)
@@ -106,12 +108,12 @@ def _with_costs(requests: pl.DataFrame, frames: RunFrames) -> pl.DataFrame:
     )
 
 
-def _identity(manifests: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def _identity(manifests: Sequence[RunManifest]) -> dict[str, Any]:
     """What was audited, from the manifests: task, rule with resolved params, models.
 
-    The rule's parameters are resolved through the registry (``resolve_params``, then
-    ``params_dict``), never read raw, so ``{}`` and ``{"theta": 0.95}`` name one
-    setting. A value the runs do not share is null (``tasks`` lists every task).
+    The rule's parameters are the manifests' resolved ones (``params_dict``), so ``{}`` and
+    ``{"theta": 0.95}`` name one setting. A value the runs do not share is null (``tasks``
+    lists every task).
     """
     from relaxspec_audit.verify import registry
 
@@ -119,22 +121,13 @@ def _identity(manifests: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         distinct = {json.dumps(v, sort_keys=True, default=str) for v in values}
         return json.loads(distinct.pop()) if len(distinct) == 1 else None
 
-    configs = [m.get("config") or {} for m in manifests]
-    rules = []
-    for cfg in configs:
-        name = str(cfg.get("rule"))
-        raw = cfg.get("params") or {}
-        params = registry.resolve_params(name, raw) if name in registry.RULES else None
-        rules.append(
-            {
-                "name": name,
-                "params": registry.params_dict(params) if params is not None else raw,
-                "label": registry.setting_label(name, params) if params is not None else name,
-            }
-        )
+    rules = [
+        {"name": m.rule, "params": registry.params_dict(m.params), "label": m.label}
+        for m in manifests
+    ]
     models = []
     for m in manifests:
-        found = m.get("models") or {}
+        found = m.models
         models.append(
             {
                 role: {
@@ -144,8 +137,8 @@ def _identity(manifests: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             }
         )
     return {
-        "task": one(c.get("task") for c in configs),
-        "tasks": sorted({str(c.get("task")) for c in configs if c.get("task") is not None}),
+        "task": one(m.config.task for m in manifests),
+        "tasks": sorted({m.config.task for m in manifests}),
         "rule": one(rules),
         "models": one(models),
     }
@@ -244,26 +237,22 @@ def audit_summary(
     s0: dict[str, Any] = {}
     if has_rounds:
         # One run's own cost table models its speed over target-only decoding.
-        table = runs.manifests[0].get("cost_table") if len(runs.manifests) == 1 else None
+        table = runs.manifests[0].cost_table if len(runs.manifests) == 1 else None
         s0 = speed(rounds, requests if requests.height else None, alpha=alpha,
                    cost_table=table).row(0, named=True)  # fmt: skip
-    rules = sorted(
-        {str(m.get("config", {}).get("rule")) for m in runs.manifests if m.get("config")}
-    )
+    rules = sorted({m.rule for m in runs.manifests})
     out: dict[str, Any] = {
         "schema_version": AUDIT_SCHEMA_VERSION,
-        "runs": [m.get("run_id") for m in runs.manifests],
+        "runs": [m.run_id for m in runs.manifests],
         "rules": rules,
         **_identity(runs.manifests),
         "reference": {
-            "runs": [m.get("run_id") for m in reference.manifests],
+            "runs": [m.run_id for m in reference.manifests],
             "rule": _identity(reference.manifests)["rule"],
         }
         if reference is not None
         else None,
-        "baseline_runs": [m.get("run_id") for m in baseline.manifests]
-        if baseline is not None
-        else None,
+        "baseline_runs": [m.run_id for m in baseline.manifests] if baseline is not None else None,
         "alpha": alpha,
         "theta_grid": list(grid),
         # Runs read without checking their commit records and values (verify off).
@@ -294,7 +283,9 @@ def audit_summary(
         "passes_per_token": s0.get("passes_per_token"),
         "tokens_per_s": s0.get("tokens_per_s"),
     }
-    if has_pos and (rules == ["exact"] or (not rules and "rule" not in extra)):
+    # The first-order NSD sweep replays a ratio-test run's own rejections (THEORY §3).
+    sweep = bool(rules) and all(r in RULES and RULES[r].ratio_test for r in rules)
+    if has_pos and (sweep or (not rules and "rule" not in extra)):
         cf = counterfactual_nsd(pos, grid, es_grid=es_grid)
         out["counterfactual_nsd_first_order"] = _records(cf, cf.columns)
     ref_req = hd = None

@@ -28,6 +28,7 @@ from relaxspec_audit.batch.notebooks import (
     notebook_parameters,
     notebook_path,
 )
+from relaxspec_audit.batch.parameters import resolve_runs_dir, validate_parameters
 from relaxspec_audit.batch.runner import (
     BatchResult,
     TaskResult,
@@ -59,6 +60,8 @@ __all__ = [
     "notebook_parameters",
     "notebook_path",
     "plan_task",
+    "resolve_runs_dir",
     "run_batch",
     "runs_root",
+    "validate_parameters",
 ]

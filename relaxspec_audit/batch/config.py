@@ -47,7 +47,7 @@ A config file is untrusted input: it is read up to :data:`MAX_CONFIG_BYTES`, str
 its aliases may expand to at most :data:`MAX_CONFIG_NODES` values (an alias bomb is
 refused before it is expanded), and a key given twice in one mapping is an error (YAML
 would keep the last one silently). Notebook parameters are checked for type and range by
-``report.validate_parameters``, the checker the notebooks' validation cells call.
+``batch.validate_parameters``, the checker the notebooks' validation cells call.
 """
 
 from __future__ import annotations
@@ -79,6 +79,8 @@ from relaxspec_audit.verify.registry import RULES
 BATCH_SCHEMA_VERSION = 1
 #: Rendered per task when the config does not say.
 DEFAULT_NOTEBOOKS = ("rejection_anatomy", "fidelity", "choose_setting", "signoff")
+#: Parameters the batch's own audit reads (``audit.audit_task``), whatever the notebooks.
+AUDIT_TERMS = ("ni_margin", "alpha", "min_gain")
 #: Notebook parameters the batch sets itself; a config may not set them.
 BATCH_PARAMETERS = ("runs_dir", "task", "numbers_path")
 #: Largest config file read, in bytes: a config is a page of YAML, not data.
@@ -493,8 +495,10 @@ class _Validator:
 
     def notebooks(self, top: Mapping) -> tuple[str, ...]:
         value = top.get("notebooks", list(DEFAULT_NOTEBOOKS))
-        if not isinstance(value, list) or not value:
-            self.fail("notebooks", f"must be a non-empty list, got {value!r}", top, "notebooks")
+        # [] is a batch of summaries, the index and the explorer pages, with no notebook.
+        if not isinstance(value, list):
+            self.fail("notebooks", f"must be a list of notebook names, got {value!r}", top,
+                      "notebooks")  # fmt: skip
         for j, nb in enumerate(value):
             if nb not in NOTEBOOKS:
                 self.fail(
@@ -841,7 +845,8 @@ class _Validator:
         known = sorted(set().union(*declared.values()) - set(BATCH_PARAMETERS))
         for i, plan in enumerate(plans):
             for name in plan.parameters:
-                if not any(name in d for d in declared.values()):
+                # The batch's own audit (summary.json) reads its terms, notebooks or not.
+                if name not in AUDIT_TERMS and not any(name in d for d in declared.values()):
                     own = tasks[i].get("parameters") or {}
                     key = _written(own, name)
                     if key is not None:
@@ -865,7 +870,7 @@ class _Validator:
         The notebooks' validation cells would refuse the same values, but only after every
         run was collected; here they stop the batch before any work.
         """
-        from relaxspec_audit.report.parameters import validate_parameters
+        from relaxspec_audit.batch.parameters import validate_parameters
 
         blocks = [("parameters", top.get("parameters") or {})]
         for i, entry in enumerate(tasks):

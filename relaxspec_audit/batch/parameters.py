@@ -12,7 +12,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-from relaxspec_audit.report.runs import runs_table
 from relaxspec_audit.verify.registry import RULES, TARGET_ONLY
 
 _SPLITS = ("discovery", "confirmation")
@@ -127,6 +126,7 @@ def validate_parameters(**params: Any) -> None:
         else:
             raise ValueError(f"{name}: unknown notebook parameter")
     if "runs_dir" in params and "task" in params and params.get("collect") is not True:
+        from relaxspec_audit.audit.runs import runs_table
         from relaxspec_audit.collect import logs
 
         try:

@@ -199,9 +199,9 @@ def run_batch(
     """
     from tqdm.auto import tqdm
 
-    from relaxspec_audit import report
+    from relaxspec_audit import audit, report
+    from relaxspec_audit.audit.results import TaskAudit
     from relaxspec_audit.collect.lease import hold_runs
-    from relaxspec_audit.report.tables import write_summary_csv
 
     plan = config if isinstance(config, BatchConfig) else load_config(config)
     engine = engine or plan.engine
@@ -311,21 +311,20 @@ def run_batch(
             entries = [_nb_entry(nb, task_dir) for nb in notebooks]
             signoff = task_dir / "signoff.numbers.json"
             if any(nb.name == "signoff" and nb.ok for nb in notebooks) and signoff.is_file():
-                # The sign-off notebook computed this very summary: reuse it, not recompute it.
-                summary = report.finish_summary(
-                    json.loads(signoff.read_text()), batch=plan.name, errors=errors,
-                    notebooks=entries, n_runs=len(run_dirs),
-                )  # fmt: skip
+                # The sign-off notebook audited this very task: reuse it, not recompute it.
+                numbers = json.loads(signoff.read_text())
+                numbers.pop("python", None)  # save_numbers' note of the kernel's interpreter
+                decided = TaskAudit.model_validate(numbers)
             else:
-                summary = report.task_summary(
-                    runs_dir, task.task, run_dirs=run_dirs, batch=plan.name, errors=errors,
-                    notebooks=entries, parameters={"min_gain": task.min_gain, **task.parameters},
+                decided = audit.audit_task(
+                    runs_dir, task.task,
+                    parameters={"min_gain": task.min_gain, **task.parameters},
                 )  # fmt: skip
-            for fam in summary.get("families", []):
-                fam["divergence_html"] = pages.get(fam.get("rule"))
-            report.write_json(summary, summary_path)
+            summary = audit.finish(decided, batch=plan.name, errors=errors, notebooks=entries,
+                                   n_runs=len(run_dirs), pages=pages)  # fmt: skip
+            summary.write(summary_path)
             # The same verdicts as a table, one row per family, for a spreadsheet or a review.
-            write_summary_csv(summary, summary_path.with_suffix(".csv"))
+            report.write_summary_csv(summary, summary_path.with_suffix(".csv"))
             results.append(TaskResult(task.task, run_dirs, notebooks, summary_path, errors))
     finally:  # the actors (and their GPUs) end with the batch, whatever happened, and
         # only then are its runs released: no shard writes a run another batch may own
@@ -335,9 +334,7 @@ def run_batch(
         finally:
             held.close()
     bar.close()
-    index = report.write_index(
-        report_dir, [json.loads(r.summary_path.read_text()) for r in results]
-    )
+    index = report.write_index(report_dir, [TaskAudit.read(r.summary_path) for r in results])
     return BatchResult(name=plan.name, report_dir=report_dir, index=index, tasks=results)
 
 
@@ -364,6 +361,8 @@ def _divergence_pages(
     first split. A rule with nothing to show is left out with a warning; a page that fails
     otherwise is recorded in ``errors`` (the sign-off still shows its divergence numbers).
     """
+    from relaxspec_audit.audit.divergences import divergences
+    from relaxspec_audit.audit.runs import TaskRuns
     from relaxspec_audit.report import explorer
     from relaxspec_audit.verify.registry import RULES
 
@@ -373,12 +372,14 @@ def _divergence_pages(
         r.rule for r in task.runs if r.rule in RULES and not RULES[r.rule].lossless
     )
     pages = {}
+    runs = None
     for rule in rules:
         name = f"divergence-{rule}.html"
         try:
             nav = [("index", "../index.html"), ("sign-off", "signoff.html")]
-            explorer.divergence_page(runs_dir, task.task, rule, task_dir / name, split=split,
-                                     links=nav)  # fmt: skip
+            runs = runs or TaskRuns.load(runs_dir, task.task)
+            view = divergences(runs, rule, split=split)
+            explorer.divergence_page(view, task_dir / name, links=nav)
         except ValueError as exc:  # e.g. no run of the rule on that split: nothing to show
             warnings.warn(f"{task.slug}: no divergence page for {rule}: {exc}", stacklevel=2)
             continue

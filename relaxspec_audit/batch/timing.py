@@ -7,7 +7,7 @@ reference, every relaxed setting judged against it, and target-only decoding —
 process, alternating config by config in a balanced order
 (:func:`~relaxspec_audit.collect.timing.timing_pass`), and stores the record under
 ``<runs>/timing/<id>.json``. The reports read it back as the labelled wall clock
-(:func:`relaxspec_audit.report.speed.timing_for`); it never decides a verdict.
+(:func:`relaxspec_audit.audit.speed_facts.timing_for`); it never decides a verdict.
 """
 
 from __future__ import annotations

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote
 
-from relaxspec_audit.report.anatomy import anatomy_line
-from relaxspec_audit.report.format import _iv, _now, _pct, _points, accuracy_pair, short_reason
+from relaxspec_audit.audit.results import AnatomyBlock, FamilyVerdict, TaskAudit
+from relaxspec_audit.report.format import _iv, _now, _pct, _points, accuracy_pair, pct
 
 _CSS = """
 :root { --fg: #1f2328; --muted: #59636e; --line: #d1d9e0; --bg: #ffffff; --soft: #f6f8fa;
@@ -149,132 +148,140 @@ def export_html(
     return out
 
 
-def _task_terms(summary: Mapping[str, Any]) -> str:
+#: The θ the index quotes: the NSD paper's 52.6% is at θ = 0.95 (THEORY §3).
+INDEX_THETA = 0.95
+
+
+def anatomy_line(block: AnatomyBlock, theta: float = INDEX_THETA) -> str | None:
+    """One line for the index: ``exact rejections inside the θ=0.95 nucleus: 41% [35, 47]``.
+
+    From the confirmation run when the block has one (where a verdict is judged), else
+    the first run; None when no run logged a share at ``theta``.
+    """
+    for run in sorted(block.runs, key=lambda r: r.split != "confirmation"):
+        for row in run.in_nucleus:
+            if abs(row.theta - theta) < 1e-9:
+                where = f" ({run.split})" if run.split else ""
+                share = pct(row.fraction, row.ci_low, row.ci_high)
+                return f"{block.rule} rejections inside the θ={theta:g} nucleus{where}: {share}"
+    return None
+
+
+def _task_terms(audit: TaskAudit) -> str:
     """The terms a task's verdicts used: margin δ (points) and minimum gain (×)."""
-    parts = []
-    if summary.get("ni_margin") is not None:
-        parts.append(f"δ = {100 * summary['ni_margin']:g} pt")
-    if summary.get("min_gain") is not None:
-        parts.append(f"min gain {summary['min_gain']:g}×")
-    return " · ".join(parts)
+    return f"δ = {100 * audit.ni_margin:g} pt · min gain {audit.min_gain:g}×"
 
 
-def _n_per_split(fam: Mapping[str, Any]) -> str:
+def _n_per_split(fam: FamilyVerdict) -> str:
     """Requests per split of the shown setting, ``discovery / confirmation``."""
-    n = [(fam.get(split) or {}).get("n_requests") for split in ("discovery", "confirmation")]
-    return " / ".join("–" if v is None else str(v) for v in n)
+    n = [getattr(fam, split) for split in ("discovery", "confirmation")]
+    return " / ".join("–" if r is None or r.n_requests is None else str(r.n_requests) for r in n)
 
 
-def write_index(report_dir: str | Path, summaries: Sequence[Mapping[str, Any]]) -> Path:
+def _family_cells(fam: FamilyVerdict, task: str) -> list[str]:
+    """The cells of one family's index row (escaped), after the task cell."""
+    conf = fam.confirmation
+    speed = fam.speed
+    wall = speed.wall_clock
+    floor_short = getattr(fam.noise_floor, "short", None)
+    vs_target = speed.vs_target
+    slow = vs_target is not None and (vs_target.ci_high or 2.0) < 1.0
+    return [
+        f"<td>{html.escape(fam.rule)} vs {html.escape(fam.reference)}"
+        + (
+            f'<br><a href="{_href(task, fam.divergence_html)}">divergences</a>'
+            if fam.divergence_html
+            else ""
+        )
+        + "</td>",
+        f'<td><span class="badge {html.escape(fam.verdict)}">{html.escape(fam.verdict)}</span>'
+        f'<span class="reason">{html.escape(fam.headline)}</span></td>',
+        f'<td class="num">{html.escape(_n_per_split(fam))}</td>',
+        f"<td>{html.escape(fam.setting or '–')}"
+        + (
+            f'<br><span class="muted">shown: {html.escape(fam.shown_setting)}</span>'
+            if not fam.setting and fam.shown_setting
+            else ""
+        )
+        + "</td>",
+        f'<td class="num">{html.escape(_iv(speed.modelled))}'
+        + (
+            f'<br><span class="muted" title="{html.escape(wall.label)}">wall clock '
+            f"{html.escape(_iv(wall))}<br>({html.escape(wall.kind)})</span>"
+            if wall
+            else ""
+        )
+        + "</td>",
+        f'<td class="num" title="{html.escape(speed.sentence)}">{html.escape(_iv(vs_target))}'
+        + ('<br><span class="muted">speculation does not pay</span>' if slow else "")
+        + "</td>",
+        f'<td class="num">{_points(conf) if conf else "–"}'
+        + (
+            f'<br><span class="muted">accuracy {html.escape(accuracy_pair(conf))}</span>'
+            if conf and conf.score is not None
+            else ""
+        )
+        + "</td>",
+        f'<td class="num">{_pct(conf.divergence if conf else None)}'
+        + (
+            f'<br><span class="muted">floor {html.escape(floor_short)}</span>'
+            if floor_short
+            else ""
+        )
+        + "</td>",
+    ]
+
+
+def write_index(report_dir: str | Path, audits: Sequence[TaskAudit]) -> Path:
     """Write ``index.html`` over the tasks of a batch (one row per task × rule family).
 
     Args:
         report_dir: ``reports/<batch>/``; task reports are in its sub-folders.
-        summaries: the tasks' ``summary.json`` dicts.
+        audits: the tasks' audits (``summary.json``), rendered as they are.
 
     Returns:
         Path of the written ``index.html``.
     """
     report_dir = Path(report_dir)
-    batch = summaries[0].get("batch", report_dir.name) if summaries else report_dir.name
+    batch = (audits[0].batch or report_dir.name) if audits else report_dir.name
     rows = []
-    for s in summaries:
-        task = s["task_slug"]
+    for s in audits:
+        task = s.task_slug
         links = " · ".join(
-            f'<a href="{_href(task, nb["html"])}">'
-            f"{html.escape(nb['name'].replace('_', ' '))}</a>"
-            + ("" if nb["ok"] else ' <span class="badge failed">error</span>')
-            for nb in s.get("notebooks", [])
-            if nb.get("html")
+            f'<a href="{_href(task, nb.html)}">{html.escape(nb.name.replace("_", " "))}</a>'
+            + ("" if nb.ok else ' <span class="badge failed">error</span>')
+            for nb in s.notebooks
+            if nb.html
         )
         links += f' · <a href="{_href(task, "summary.json")}">summary.json</a>'
-        families = s.get("families") or [{}]
+        anatomy = anatomy_line(s.rejection_anatomy)
+        head = (
+            f"<b>{html.escape(s.task)}</b><br>"
+            f'<span class="muted">{html.escape(s.status)}<br>{html.escape(_task_terms(s))}</span>'
+            + (f'<br><span class="muted">{html.escape(anatomy)}</span>' if anatomy else "")
+        )
+        families = s.families or [None]
         for i, fam in enumerate(families):
-            verdict = fam.get("verdict") or ("failed" if s.get("status") != "ok" else "–")
-            conf = fam.get("confirmation") or {}
-            speed = fam.get("speed") or {}
-            wall = speed.get("wall_clock")
-            floor = fam.get("noise_floor") or {}
-            cells = [
-                f'<td rowspan="{len(families)}"><b>{html.escape(s["task"])}</b><br>'
-                f'<span class="muted">{html.escape(s.get("status", "?"))}<br>'
-                f"{html.escape(_task_terms(s))}</span>"
-                + (
-                    f'<br><span class="muted">{html.escape(a)}</span>'
-                    if (a := anatomy_line(s))
-                    else ""
-                )
-                + "</td>"
-                if i == 0
-                else "",
-                f"<td>{html.escape(fam.get('rule', '–'))} vs "
-                f"{html.escape(fam.get('reference', '–'))}"
-                + (
-                    f'<br><a href="{_href(task, fam["divergence_html"])}">divergences</a>'
-                    if fam.get("divergence_html")
-                    else ""
-                )
-                + "</td>",
-                f'<td><span class="badge {html.escape(str(verdict))}">'
-                f"{html.escape(str(verdict))}</span>"
-                + (
-                    f'<span class="reason">{html.escape(short_reason(fam["reasons"][-1]))}</span>'
-                    if fam.get("reasons")
-                    else ""
-                )
-                + "</td>",
-                f'<td class="num">{html.escape(_n_per_split(fam))}</td>',
-                f"<td>{html.escape(fam.get('setting') or '–')}"
-                + (
-                    f'<br><span class="muted">shown: {html.escape(fam["shown_setting"])}</span>'
-                    if not fam.get("setting") and fam.get("shown_setting")
-                    else ""
-                )
-                + "</td>",
-                f'<td class="num">{html.escape(_iv(speed.get("modelled")))}'
-                + (
-                    f'<br><span class="muted" title="{html.escape(wall["label"])}">wall clock '
-                    f"{html.escape(_iv(wall))}<br>({html.escape(wall.get('kind', ''))})</span>"
-                    if wall
-                    else ""
-                )
-                + "</td>",
-                f'<td class="num" title="{html.escape(speed.get("sentence", ""))}">'
-                f"{html.escape(_iv(speed.get('vs_target')))}"
-                + (
-                    '<br><span class="muted">speculation does not pay</span>'
-                    if ((speed.get("vs_target") or {}).get("ci_high") or 2.0) < 1.0
-                    else ""
-                )
-                + "</td>",
-                f'<td class="num">{_points(conf) if conf else "–"}'
-                + (
-                    f'<br><span class="muted">accuracy {html.escape(accuracy_pair(conf))}</span>'
-                    if conf and conf.get("score") is not None
-                    else ""
-                )
-                + "</td>",
-                f'<td class="num">{_pct(conf.get("divergence"))}'
-                + (
-                    f'<br><span class="muted">floor {html.escape(floor["short"])}</span>'
-                    if floor.get("short")
-                    else ""
-                )
-                + "</td>",
-                f'<td rowspan="{len(families)}">{links}</td>' if i == 0 else "",
-            ]
-            rows.append("<tr>" + "".join(cells) + "</tr>")
+            first = f'<td rowspan="{len(families)}">{head}</td>' if i == 0 else ""
+            last = f'<td rowspan="{len(families)}">{links}</td>' if i == 0 else ""
+            if fam is None:  # a task that audited no family (or failed before it could)
+                verdict = "failed" if s.status != "ok" else "–"
+                badge = f'<td><span class="badge {verdict}">{verdict}</span></td>'
+                cells = ["<td>–</td>", badge, *["<td>–</td>"] * 6]
+            else:
+                cells = _family_cells(fam, task)
+            rows.append("<tr>" + first + "".join(cells) + last + "</tr>")
     errors = [
-        f"<li><b>{html.escape(s['task'])}</b>: {html.escape(e)}</li>"
-        for s in summaries
-        for e in s.get("errors", [])
+        f"<li><b>{html.escape(s.task)}</b>: {html.escape(e)}</li>" for s in audits for e in s.errors
     ]
-    meta = summaries[0].get("manifest", {}) if summaries else {}
+    meta = audits[0].manifest if audits else None
+    version = meta.package_version if meta else "?"
+    commit = meta.git_commit if meta else None
+    commit = commit if isinstance(commit, str) else "?"
     body = (
         f"<h1>Audit batch <code>{html.escape(str(batch))}</code></h1>\n"
         f'<p class="muted">Generated {html.escape(_now())} · relaxspec_audit '
-        f"{html.escape(str(meta.get('package_version', '?')))} · git "
-        f"{html.escape(str(meta.get('git_commit') or '?')[:12])}</p>\n"
+        f"{html.escape(str(version))} · git {html.escape(commit[:12])}</p>\n"
         "<p>One row per relaxed rule audited against its reference on the confirmation "
         "split: the verdict with its deciding reason (PASS needs non-inferiority <em>and</em> "
         "a modelled speed-up "
@@ -299,4 +306,29 @@ def write_index(report_dir: str | Path, summaries: Sequence[Mapping[str, Any]]) 
     )
     out = report_dir / "index.html"
     out.write_text(_page(f"relaxspec_audit · {batch}", body))
+    return out
+
+
+def signoff_page(
+    audit: TaskAudit, out: str | Path, *, links: Sequence[tuple[str, str]] = ()
+) -> Path:
+    """Write a task's sign-off as a static page, from its audit alone (no logs, no notebook).
+
+    The sign-off notebook's text (:func:`~.markdown.signoff_markdown`) and the manifest
+    facts, rendered to HTML; so a ``summary.json`` read back (:meth:`TaskAudit.read`) is
+    enough to show what was signed off. Every value is escaped by the markdown helpers.
+    """
+    import mistune
+
+    from relaxspec_audit.report.markdown import manifest_markdown, signoff_markdown
+
+    render = mistune.create_markdown(escape=False, plugins=["table"])
+    text = signoff_markdown(audit) + "\n\n## How the runs were made\n\n"
+    text += manifest_markdown(audit.manifest)
+    nav = "".join(f'<a href="{html.escape(h)}">{html.escape(lbl)}</a>' for lbl, h in links)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    page = _page(f"Sign-off · {audit.task}", _no_scripts(render(text)),
+                 f"<nav>{nav}</nav>\n" if links else "")  # fmt: skip
+    out.write_text(page)
     return out

@@ -1,20 +1,20 @@
 """Short text of report numbers: values, settings, percentages, intervals, timestamps.
 
-Shared by the HTML index (:mod:`.export`), the notebook markdown (:mod:`.markdown`) and
-the run labels (:mod:`.runs`), so a number reads the same on every page. Text that came
+Shared by the HTML pages (:mod:`.export`) and the notebook markdown (:mod:`.markdown`),
+so a number reads the same on every page. Text that came
 from a manifest, a config or a log goes into markdown through :func:`_md`, so it shows as
 text and never as a tag, a link or table syntax.
 """
 
 from __future__ import annotations
 
-import ast
 import datetime as _dt
 import html
 import math
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from relaxspec_audit.audit.records import Interval, SettingRow
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
@@ -59,12 +59,6 @@ def _md(value: Any) -> str:
     return text.translate(_MD_TABLE)
 
 
-def _setting(chosen: Mapping[str, Any] | None) -> str:
-    if not chosen:
-        return "–"
-    return ", ".join(f"{k} = {_fmt(v)}" for k, v in chosen.items())
-
-
 def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
@@ -73,34 +67,33 @@ def _pct(value: Any, digits: int = 1) -> str:
     return "–" if value is None else f"{100 * value:.{digits}f}%"
 
 
-def _points(row: Mapping[str, Any] | None) -> str:
+def _points(row: SettingRow | None) -> str:
+    """A setting's accuracy delta in points with its interval and one-sided bound."""
     if not row:
         return "–"
-    if row.get("accuracy_delta") is None:
+    if row.accuracy_delta is None:
         return "– (no scorer)"
-    d, lo, hi = row["accuracy_delta"], row.get("delta_ci_low"), row.get("delta_ci_high")
+    d, lo, hi = row.accuracy_delta, row.delta_ci_low, row.delta_ci_high
     ci = f" [{100 * lo:+.1f}, {100 * hi:+.1f}]" if lo is not None and hi is not None else ""
     # The non-inferiority test reads the one-sided bound, which the two-sided interval
     # does not show; without it a PASS whose interval crosses −δ looks like an error.
-    ni = row.get("delta_ni_low")
+    ni = row.delta_ni_low
     bound = f", one-sided bound {100 * ni:+.1f}" if ni is not None and lo is not None else ""
     return f"{100 * d:+.1f} pt{ci}{bound}"
 
 
-def _speed(row: Mapping[str, Any] | None) -> str:
-    if not row or row.get("speedup_vs_reference") is None:
+def _speed(row: SettingRow | None) -> str:
+    """A setting's modelled speed-up over its reference with its interval."""
+    if not row:
         return "–"
-    s = f"{row['speedup_vs_reference']:.2f}×"
-    if row.get("speedup_ci_low") is not None and row.get("speedup_ci_high") is not None:
-        s += f" [{row['speedup_ci_low']:.2f}, {row['speedup_ci_high']:.2f}]"
-    return s
+    return times(row.speedup_vs_reference, row.speedup_ci_low, row.speedup_ci_high)
 
 
-def _iv(iv: Mapping[str, Any] | None) -> str:
-    """A speed-up interval dict (``speedup, ci_low, ci_high``) as ``1.23× [1.10, 1.40]``."""
+def _iv(iv: Interval | None) -> str:
+    """A speed-up interval as ``1.23× [1.10, 1.40]``."""
     if not iv:
         return "–"
-    return times(iv.get("speedup"), iv.get("ci_low"), iv.get("ci_high"))
+    return times(iv.speedup, iv.ci_low, iv.ci_high)
 
 
 # ---------------------------------------------------------------------- tables for readers
@@ -224,88 +217,17 @@ def table_html(frame: Any, columns: Columns, *, caption: str | None = None) -> s
     )
 
 
-# ---------------------------------------------------------------------- reasons as sentences
-
-# A Python dict literal in a reason, e.g. ``{'theta': 0.9}`` or ``{'budget': 8.0, 'cap': 2}``.
-_DICT = re.compile(r"\{[^{}]*\}")
-_WORDS = (
-    (re.compile(r"\btau\b"), "τ"),
-    (re.compile(r"\bp_noninf\b"), "p"),
-    (re.compile(r"\bdelta (?=[+\-−]\d)"), "Δ "),
-    # A speed-up is a ratio: "speed-up over the reference 1.2" reads "… 1.2×".
-    (re.compile(r"(speed-up(?: over the reference)? )(\d+(?:\.\d+)?)(?![\d.×])"), r"\1\2×"),
-)
-
-
-def _symbols() -> dict[str, str]:
-    from relaxspec_audit.verify import registry
-
-    return {p.name: p.info.symbol for spec in registry.RULES.values() for p in spec.params}
-
-
-def _dict_words(match: re.Match[str]) -> str:
-    # A dict repr spells infinity as a bare name; 1e999 is the literal that parses to it.
-    literal = re.sub(r"\binf\b", "1e999", match.group(0))
-    try:
-        value = ast.literal_eval(re.sub(r"\bnan\b", "None", literal))
-    except (ValueError, SyntaxError):
-        value = None
-    if not isinstance(value, dict):  # keep the text, never a brace
-        return match.group(0).replace("{", "(").replace("}", ")")
-    symbols = _symbols()
-    parts = []
-    for k, v in value.items():
-        shown = "∞" if v == math.inf else (f"{v:g}" if isinstance(v, float) else str(v))
-        parts.append(f"{symbols.get(str(k), str(k))} = {shown}")
-    return ", ".join(parts)
-
-
-def reason_text(reason: Any) -> str:
-    """A verdict reason as a sentence: no Python dicts (``{'theta': 0.9}`` → ``θ = 0.9``).
-
-    Parameter names become their symbols from the rule registry; ``tau`` becomes ``τ``,
-    ``p_noninf`` ``p`` and ``delta +0.01`` ``Δ +0.01``.
-    """
-    out = _DICT.sub(_dict_words, str(reason))
-    for pattern, word in _WORDS:
-        out = pattern.sub(word, out)
-    return out
-
-
-_PAREN = re.compile(r"\s*\([^()]*\)")
-_INTERVAL = re.compile(r"\s*\[[^\[\]]*\]")
-
-
-def short_reason(reason: Any, limit: int = 140) -> str:
-    """One reason cut to a short sentence for the index: parentheses dropped, capitalised.
-
-    ``"confirmation: non-inferior at δ = 0.02 (delta +0.01, CI […], 40 items)"`` →
-    ``"Confirmation: non-inferior at δ = 0.02."``.
-    """
-    out = reason_text(reason)
-    while _PAREN.search(out):
-        out = _PAREN.sub("", out)
-    out = _INTERVAL.sub("", out)
-    if " — " in out:  # a note between a claim and its conclusion: keep the conclusion
-        head, tail = out.split(" — ", 1)
-        out = head + (": " + tail.rsplit(": ", 1)[1] if ": " in tail else "")
-    out = out.strip().rstrip(".:;,")
-    if len(out) > limit:
-        out = out[: limit - 1].rsplit(" ", 1)[0] + "…"
-    return (out[:1].upper() + out[1:] + ("" if out.endswith("…") else ".")) if out else ""
-
-
-def accuracy_pair(row: Mapping[str, Any] | None) -> str:
+def accuracy_pair(row: SettingRow | None) -> str:
     """Absolute accuracy of a setting and of its reference, from one audit row.
 
     The reference's score is ``score − accuracy_delta``: the delta is the paired
     difference relaxed − reference on the same items (THEORY §3), so it recovers the
     reference's mean on the items both runs answered.
     """
-    if not row or _num(row.get("score")) is None:
+    if not row or _num(row.score) is None:
         return "–"
-    out = pct(row["score"])
-    delta = _num(row.get("accuracy_delta"))
-    if delta is not None and not row.get("is_reference"):
-        out += f" (reference {pct(row['score'] - delta)})"
+    out = pct(row.score)
+    delta = _num(row.accuracy_delta)
+    if delta is not None and not row.is_reference:
+        out += f" (reference {pct(row.score - delta)})"
     return out

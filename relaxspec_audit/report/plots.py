@@ -271,7 +271,7 @@ def accuracy_deltas(table: Any, ni_margin: float) -> Any:
     """Forest plot of paired accuracy deltas (points) with CI and the line at −δ (THEORY §3).
 
     Args:
-        table: ``report.audit_table`` rows (relaxed rules; references are skipped).
+        table: ``audit.audit_table`` rows (relaxed rules; references are skipped).
         ni_margin: non-inferiority margin δ in score units (drawn at −100·δ points).
     """
     import numpy as np
@@ -401,7 +401,7 @@ def frontier(table: Any, ni_margin: float | None = None, chosen: Sequence[str] =
     the label overlaps no other label; the page's table names every point.
 
     Args:
-        table: ``report.audit_table`` rows (one split is clearer).
+        table: ``audit.audit_table`` rows (one split is clearer).
         ni_margin: non-inferiority margin δ (score units) drawn at −100·δ.
         chosen: setting labels to highlight.
     """
@@ -492,7 +492,7 @@ def _place_labels(fig: Any, ax: Any, points: Sequence[tuple[float, float, str, b
 
 
 def run_speed(overview: Any) -> Any:
-    """Mean accepted length τ of every run (``report.runs_overview``), one bar per run."""
+    """Mean accepted length τ of every run (``audit.runs.runs_overview``), one bar per run."""
     import numpy as np
     import polars as pl
 

@@ -5,8 +5,8 @@ header never depends on the data:
 
 - an ``audit_summary`` dict (``relaxspec-audit audit --format csv|md``): one row per
   audited selection (:data:`AUDIT_COLUMNS`);
-- a task's ``summary.json`` (the batch writes ``summary.csv`` beside it): one row per
-  relaxed rule family (:data:`FAMILY_COLUMNS`).
+- a task audit (``summary.json``; the batch writes ``summary.csv`` beside it): one row
+  per relaxed rule family (:data:`FAMILY_COLUMNS`).
 
 CSV cells hold the raw numbers (an interval is two columns, ``*_ci_low`` and
 ``*_ci_high``, empty when unknown); markdown shows them formatted, an interval as
@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from relaxspec_audit.audit.records import Interval
+from relaxspec_audit.audit.results import TaskAudit
 from relaxspec_audit.report.format import _md
 
 __all__ = [
@@ -137,8 +139,8 @@ def audit_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [row]
 
 
-def family_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """One row of :data:`FAMILY_COLUMNS` per relaxed rule family of a ``summary.json``.
+def family_rows(audit: TaskAudit) -> list[dict[str, Any]]:
+    """One row of :data:`FAMILY_COLUMNS` per relaxed rule family of a task audit.
 
     The numbers are those the sign-off shows beside the verdict: the shown setting's
     modelled speed-up over the reference (``speed.modelled``), the wall clock (the
@@ -147,44 +149,46 @@ def family_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     used, the noise floor's short form and the verdict's reasons.
     """
     out = []
-    for fam in summary.get("families") or []:
-        speed = fam.get("speed") or {}
-        split = speed.get("split") or "confirmation"
-        row = fam.get(split) or fam.get("confirmation") or fam.get("discovery") or {}
-        modelled = speed.get("modelled") or {}
-        wall = speed.get("wall_clock") or {}
-        if wall.get("speedup") is None:
-            wall = {
-                "speedup": row.get("wall_speedup_vs_reference"),
-                "ci_low": row.get("wall_ci_low"),
-                "ci_high": row.get("wall_ci_high"),
-            }
-        tested = _get(fam, "select", "numbers", split)
-        n_items = tested.get("n_items") if isinstance(tested, Mapping) else None
+    for fam in audit.families:
+        speed = fam.speed
+        split = speed.split or "confirmation"
+        row = getattr(fam, split, None) or fam.confirmation or fam.discovery
+        modelled = speed.modelled
+        wall: Any = speed.wall_clock
+        if wall is None or wall.speedup is None:
+            wall = Interval(
+                speedup=row.wall_speedup_vs_reference if row else None,
+                ci_low=row.wall_ci_low if row else None,
+                ci_high=row.wall_ci_high if row else None,
+            )
+        numbers = fam.select.numbers if fam.select is not None else None
+        tested = getattr(numbers, split, None) if numbers is not None else None
+        n_items = getattr(tested, "n_items", None)
+        floor = fam.noise_floor
         out.append(
             {
-                "task": summary.get("task"),
-                "rule": fam.get("rule"),
-                "reference": fam.get("reference"),
-                "verdict": fam.get("verdict"),
-                "setting": fam.get("setting") or fam.get("shown_setting"),
-                "chosen": fam.get("setting") is not None,
+                "task": audit.task,
+                "rule": fam.rule,
+                "reference": fam.reference,
+                "verdict": fam.verdict,
+                "setting": fam.setting or fam.shown_setting,
+                "chosen": fam.setting is not None,
                 "split": split if row else None,
-                "speedup": modelled.get("speedup", row.get("speedup_vs_reference")),
-                "speedup_ci_low": modelled.get("ci_low", row.get("speedup_ci_low")),
-                "speedup_ci_high": modelled.get("ci_high", row.get("speedup_ci_high")),
-                "wall_speedup": wall.get("speedup"),
-                "wall_ci_low": wall.get("ci_low"),
-                "wall_ci_high": wall.get("ci_high"),
-                "accuracy_delta": row.get("accuracy_delta"),
-                "delta_ci_low": row.get("delta_ci_low"),
-                "delta_ci_high": row.get("delta_ci_high"),
-                "divergence": row.get("divergence"),
-                "divergence_ci_low": row.get("divergence_ci_low"),
-                "divergence_ci_high": row.get("divergence_ci_high"),
-                "n_items": n_items if n_items is not None else row.get("n_requests"),
-                "noise_floor": _get(fam, "noise_floor", "short"),
-                "reason": "; ".join(map(str, fam.get("reasons") or [])) or None,
+                "speedup": modelled.speedup,
+                "speedup_ci_low": modelled.ci_low,
+                "speedup_ci_high": modelled.ci_high,
+                "wall_speedup": wall.speedup,
+                "wall_ci_low": wall.ci_low,
+                "wall_ci_high": wall.ci_high,
+                "accuracy_delta": row.accuracy_delta if row else None,
+                "delta_ci_low": row.delta_ci_low if row else None,
+                "delta_ci_high": row.delta_ci_high if row else None,
+                "divergence": row.divergence if row else None,
+                "divergence_ci_low": row.divergence_ci_low if row else None,
+                "divergence_ci_high": row.divergence_ci_high if row else None,
+                "n_items": n_items if n_items is not None else (row.n_requests if row else None),
+                "noise_floor": getattr(floor, "short", None),
+                "reason": "; ".join(fam.reasons) or None,
             }
         )
     return out
@@ -255,11 +259,11 @@ def audit_markdown(summary: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_summary_csv(summary: Mapping[str, Any], path: str | Path) -> Path:
-    """Write :func:`family_rows` of a ``summary.json`` dict as CSV at ``path``, atomically."""
+def write_summary_csv(audit: TaskAudit, path: str | Path) -> Path:
+    """Write :func:`family_rows` of a task audit as CSV at ``path``, atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = rows_csv(family_rows(summary), FAMILY_COLUMNS)
+    text = rows_csv(family_rows(audit), FAMILY_COLUMNS)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:

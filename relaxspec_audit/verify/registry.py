@@ -50,6 +50,7 @@ __all__ = [
     "params_from_options",
     "resolve_params",
     "setting_label",
+    "setting_words",
 ]
 
 #: Pseudo-rule name for target-only autoregressive decoding (the speed baseline and the
@@ -91,6 +92,11 @@ class RuleSpec:
             it); None: :data:`DEFAULT_THETA`.
         measures: Audit measures beyond the common ones (:data:`NSD_DEVIATION`).
         lossless: A reference rule, never audited as relaxed.
+        own_recovery: Its recovery token is the rule's own draw (``typical`` recovers
+            with the target argmax, ``fuzzy`` samples p itself), not the residual of the
+            ratio test: a first divergence at a recovery is the rule's, not numerics'.
+        ratio_test: Its rejections are the lossless ratio test's ``u < min(1, p/q)``
+            (THEORY §2.1), the ones the rejection anatomy dissects when sampled.
         summary: One line for ``--help`` and the docs.
     """
 
@@ -103,6 +109,8 @@ class RuleSpec:
     nucleus_param: str | None = None
     measures: frozenset[str] = frozenset()
     lossless: bool = False
+    own_recovery: bool = False
+    ratio_test: bool = False
     summary: str = ""
 
     @property
@@ -140,7 +148,7 @@ def _field_type(f: dataclasses.Field) -> type:
 RULES: dict[str, RuleSpec] = {
     spec.name: spec
     for spec in (
-        RuleSpec("exact", _rules.rule_exact, ExactParams, lossless=True,
+        RuleSpec("exact", _rules.rule_exact, ExactParams, lossless=True, ratio_test=True,
                  summary="lossless speculative sampling (Leviathan et al. 2023)"),
         RuleSpec("greedy", _rules.rule_greedy, GreedyParams, greedy_only=True, lossless=True,
                  summary="strict greedy verification: the target's own greedy output"),
@@ -149,9 +157,9 @@ RULES: dict[str, RuleSpec] = {
                  summary="NSD: also accept drafts inside the target's top-θ nucleus"),
         RuleSpec("asd", _rules.rule_asd, AsdParams, greedy_only=True, reference="greedy",
                  knob="budget", summary="ASD: low-regret greedy mismatches under a budget"),
-        RuleSpec("typical", _rules.rule_typical, TypicalParams, knob="epsilon",
+        RuleSpec("typical", _rules.rule_typical, TypicalParams, knob="epsilon", own_recovery=True,
                  summary="typical acceptance (Medusa)"),
-        RuleSpec("fuzzy", _rules.rule_fuzzy, FuzzyParams, knob="threshold",
+        RuleSpec("fuzzy", _rules.rule_fuzzy, FuzzyParams, knob="threshold", own_recovery=True,
                  summary="fuzzy: accept while D(p‖q) ≤ T"),
         RuleSpec("margin", _rules.rule_margin, MarginParams, knob="logit_ratio",
                  summary="margin-aware: top-2 drafts where the target is undecided"),
@@ -223,6 +231,16 @@ def setting_label(rule: str, params: Any = None) -> str:
     info = {p.name: p.info for p in RULES[rule].params}
     parts = [f"{info[k].symbol}={_fmt(v)}" for k, v in values.items()]
     return f"{rule} " + " ".join(parts)
+
+
+def setting_words(params: Mapping[str, Any]) -> str:
+    """A setting's parameters in words for a sentence: ``θ = 0.9``, ``B = 2, g = 0.25, M = 2``.
+
+    Each name takes its symbol from the rule that declares it (a parameter name means one
+    thing across rules: ``theta`` is only a nucleus mass); an unknown name stays as it is.
+    """
+    symbols = {p.name: p.info.symbol for spec in RULES.values() for p in spec.params}
+    return ", ".join(f"{symbols.get(k, k)} = {_fmt(v)}" for k, v in params.items())
 
 
 def _fmt(value: Any) -> str:

@@ -7,7 +7,7 @@ import math
 
 import polars as pl
 import pytest
-from _synthetic import make_paired_requests
+from _synthetic import make_paired_requests, manifest
 
 from relaxspec_audit.audit import select as sel
 
@@ -66,7 +66,7 @@ def test_recommend_pass_picks_fastest_noninferior():
     v = sel.recommend(rel, ref, ["theta"], ni_margin=0.05)
     assert v.status == "PASS", v.reasons
     assert v.setting == {"theta": 0.8}
-    assert v.numbers["confirmation"]["n_items"] == 800
+    assert v.numbers.confirmation.n_items == 800
     assert v.n_required is not None and v.n_required <= 800
     d = json.loads(v.to_json())
     assert d["status"] == "PASS" and d["setting"] == {"theta": 0.8} and d["reasons"]
@@ -82,9 +82,9 @@ def test_recommend_refuses_to_certify_with_too_few_items():
     # test confirmation runs on one binary score per item.
     from relaxspec_audit.audit import power
 
-    plan = v.numbers["planning"]
-    assert plan["test"] == "Tango score test"
-    n_tango = power.required_items_tango(plan["planning_value"], 0.05)
+    plan = v.numbers.planning
+    assert plan.test == "Tango score test"
+    n_tango = power.required_items_tango(plan.planning_value, 0.05)
     assert v.n_required == (max(30, n_tango) if v.setting is not None else n_tango)
 
 
@@ -122,7 +122,7 @@ def test_settings_frame_and_assign_split():
         {"run_id": "a", "config": {"rule": "asd", "params": {"budget": 8, "gate": 0.25, "cap": 2}}},
         {"run_id": "b", "config": {"rule": "asd", "params": {"budget": 4, "gate": 0.25, "cap": 2}}},
     ]
-    sf = sel.settings_frame(m)
+    sf = sel.settings_frame([manifest(x) for x in m])
     assert sf.columns == ["run", "rule", "pass_cost", "cost_table", "budget", "gate", "cap"]
     assert sf["pass_cost"].to_list() == [None, None]  # no cost table in these manifests
     assert sf["budget"].to_list() == [8, 4]
@@ -141,9 +141,9 @@ def test_identical_scores_on_few_items_are_not_certified():
     rel = rel.drop("score").join(ref.select("item_id", "score"), on="item_id")
     v = sel.recommend(rel, ref, ["theta"], ni_margin=0.05)
     assert v.status == "INCONCLUSIVE" and v.setting is None
-    assert v.numbers["discovery"][0]["p_noninf"] > 0.05
+    assert v.numbers.discovery[0].p_noninf > 0.05
     psi, _ = power.planning_discordance(0, 0, 20)
-    assert psi > 0 and v.numbers["planning"]["planning_value"] == pytest.approx(psi)
+    assert psi > 0 and v.numbers.planning.planning_value == pytest.approx(psi)
     assert v.n_required == power.required_items_tango(psi, 0.05) > 20
     assert json.loads(v.to_json())["n_required"] == v.n_required
 
@@ -209,7 +209,7 @@ def test_pass_needs_a_modelled_gain_else_no_gain():
     assert v.status == "NO-GAIN", v.reasons
     assert v.setting == {"theta": 0.9}
     assert "minimum gain" in v.reasons[-1]
-    assert v.numbers["min_gain"] == 1.0
+    assert v.numbers.min_gain == 1.0
     # Faster, but the bar is set above what it reaches: NO-GAIN again.
     rel, ref = _grid(1600, {0.9: (0.0, 1.3)}, seed=3)
     assert sel.recommend(rel, ref, ["theta"], ni_margin=0.05).status == "PASS"
@@ -222,11 +222,11 @@ def test_pass_needs_a_modelled_gain_else_no_gain():
 def test_pass_cost_refuses_a_table_of_another_k_and_notes_other_tables():
     table = {"id": "t4", "k": 4, "draft_step_s": 0.001, "verify_s": 0.003, "target_step_s": 0.002}
     run = {"run_id": "r", "config": {"rule": "exact", "k": 4}, "cost_table": table}
-    assert sel.pass_cost(run) == pytest.approx(4 * 0.001 + 0.003)
+    assert sel.pass_cost(manifest(run)) == pytest.approx(4 * 0.001 + 0.003)
     with pytest.raises(ValueError, match=r"config.k.*cost_table.k = 4"):
-        sel.pass_cost({**run, "config": {"rule": "exact", "k": 8}})
+        sel.pass_cost(manifest({**run, "config": {"rule": "exact", "k": 8}}))
     # Target-only decoding reads only the target step: any K of the table prices it.
-    assert sel.pass_cost({**run, "config": {"rule": "target", "k": 8}}) == 0.002
+    assert sel.pass_cost(manifest({**run, "config": {"rule": "target", "k": 8}})) == 0.002
     # The same counts priced by two tables: still compared, with a note naming both.
     _, ref = _grid(100, {0.9: (0.0, 1.0)}, seed=8)
     a = ref.with_columns(pl.lit(0.02).alias("pass_cost"), pl.lit("ta").alias("cost_table"))

@@ -1,4 +1,4 @@
-"""What the sign-off says about speed (report.speed): modelled first, wall clock labelled."""
+"""What the sign-off says about speed (audit.speed_facts): modelled first, wall clock labelled."""
 
 from __future__ import annotations
 
@@ -6,12 +6,21 @@ import json
 
 import pytest
 
-from relaxspec_audit.report.speed import (
-    COLLECTION_LABEL,
-    speculation_sentence,
-    speed_facts,
-    timing_for,
-)
+from relaxspec_audit.audit import speed_facts as facts_mod
+from relaxspec_audit.audit.records import Interval
+from relaxspec_audit.audit.speed_facts import COLLECTION_LABEL, timing_for
+
+
+def speculation_sentence(vs_target, reference_vs_target):
+    def iv(d):
+        return Interval(**d) if d else None
+
+    return facts_mod.speculation_sentence(iv(vs_target), iv(reference_vs_target))
+
+
+def speed_facts(row, reference_row=None, timing=None):
+    return facts_mod.speed_facts(row, reference_row, timing).to_dict()
+
 
 ROW = {
     "speedup_vs_reference": 1.4, "speedup_ci_low": 1.3, "speedup_ci_high": 1.5,

@@ -12,6 +12,7 @@ import numpy as np
 import polars as pl
 import pytest
 from _synthetic import THETA_GRID, make_paired_requests, make_run, sha256_ids, write_committed
+from _synthetic import manifest as as_manifest
 
 from relaxspec_audit import audit as S
 from relaxspec_audit.audit.accuracy import _tango_z
@@ -445,7 +446,7 @@ def _frames(run: dict, rule: str = "exact", **params) -> S.RunFrames:
         "run_id": run["requests"]["run_id"][0],
         "config": {"rule": rule, "params": params, "theta_grid": list(THETA_GRID)},
     }
-    return S.RunFrames(run["positions"], run["rounds"], run["requests"], [manifest])
+    return S.RunFrames(run["positions"], run["rounds"], run["requests"], [as_manifest(manifest)])
 
 
 def test_audit_summary_keys_and_json():

@@ -20,12 +20,14 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from relaxspec_audit import batch, report
+from relaxspec_audit import audit, batch
 from relaxspec_audit.audit.anatomy import TOPK, entropy_gaps, rejection_anatomy
 from relaxspec_audit.audit.frames import RunFrames
+from relaxspec_audit.audit.results import AnatomyBlock, TaskAudit
+from relaxspec_audit.audit.task_anatomy import anatomy_block
 from relaxspec_audit.collect import logs
 from relaxspec_audit.collect.config import EMBEDDED_DIR
-from relaxspec_audit.report.anatomy import anatomy_block, anatomy_line
+from relaxspec_audit.report import anatomy_line
 from relaxspec_audit.report.format import pct
 
 pytestmark = [
@@ -69,11 +71,11 @@ def runs(plan, tmp_path_factory):
 @pytest.fixture(scope="module")
 def summary(runs):
     # Through JSON, as summary.json is read back.
-    return json.loads(json.dumps(report.task_summary(runs, "arith", alpha=0.05)))
+    return json.loads(json.dumps(audit.audit_task(runs, "arith", alpha=0.05).to_dict()))
 
 
 def _exact_dir(runs, split: str) -> str:
-    return report.run_dirs(runs, "arith", rule="exact", split=split)[0]
+    return audit.TaskRuns.load(runs, "arith").run_dirs(rule="exact", split=split)[0]
 
 
 def test_block_has_one_entry_per_split(summary, runs):
@@ -126,7 +128,7 @@ def test_extra_acceptances_of_the_nucleus_setting(summary, runs):
     for entry in summary["rejection_anatomy"]["runs"]:
         (extra,) = entry["extra_acceptances"]
         assert (extra["rule"], extra["setting"]) == ("nucleus", "nucleus θ=0.95")
-        rel = report.run_dirs(runs, "arith", rule="nucleus", split=entry["split"])
+        rel = audit.TaskRuns.load(runs, "arith").run_dirs(rule="nucleus", split=entry["split"])
         gaps = entropy_gaps(RunFrames.load(rel).positions, alpha=0.05)
         row = gaps.filter(
             (pl.col("subset") == "extra_accepted") & (pl.col("measure") == "entropy_p")
@@ -138,21 +140,23 @@ def test_extra_acceptances_of_the_nucleus_setting(summary, runs):
 def test_index_line_quotes_the_confirmation_share(summary):
     conf = summary["rejection_anatomy"]["runs"][1]
     row = next(r for r in conf["in_nucleus"] if r["theta"] == 0.95)
-    line = anatomy_line(summary)
+    line = anatomy_line(TaskAudit.model_validate(summary).rejection_anatomy)
     assert line.startswith("exact rejections inside the θ=0.95 nucleus (confirmation): ")
     assert line.endswith(pct(row["fraction"], row["ci_low"], row["ci_high"]))
-    assert anatomy_line({"rejection_anatomy": {"runs": [], "note": "x"}}) is None
+    assert anatomy_line(AnatomyBlock(rule="exact", alpha=0.05, runs=[], note="x")) is None
 
 
 def test_index_shows_the_line_escaped(summary, tmp_path):
     from relaxspec_audit.report.export import write_index
 
-    page = write_index(tmp_path, [summary]).read_text()
-    assert html.escape(anatomy_line(summary)) in page
+    typed = TaskAudit.model_validate(summary)
+    page = write_index(tmp_path, [typed]).read_text()
+    assert html.escape(anatomy_line(typed.rejection_anatomy)) in page
     hostile = json.loads(json.dumps(summary))
     for run in hostile["rejection_anatomy"]["runs"]:
         run["split"] = "<script>x</script>"
-    assert "<script>" in anatomy_line(hostile)
+    hostile = TaskAudit.model_validate(hostile)
+    assert "<script>" in anatomy_line(hostile.rejection_anatomy)
     page = write_index(tmp_path, [hostile]).read_text()
     assert "<script>x</script>" not in page and html.escape("<script>x</script>") in page
 
@@ -160,9 +164,9 @@ def test_index_shows_the_line_escaped(summary, tmp_path):
 def test_no_sampled_reference_gives_a_note(runs, tmp_path):
     """Only target-only and nucleus runs: nothing the ratio test rejected to dissect."""
     for rule in ("target", "nucleus"):
-        for run_dir in report.run_dirs(runs, "arith", rule=rule):
+        for run_dir in audit.TaskRuns.load(runs, "arith").run_dirs(rule=rule):
             shutil.copytree(run_dir, tmp_path / "runs" / Path(run_dir).relative_to(runs))
-    summary = report.task_summary(tmp_path / "runs", "arith")
+    summary = audit.audit_task(tmp_path / "runs", "arith").to_dict()
     block = summary["rejection_anatomy"]
     assert block["runs"] == []
     assert "no sampled exact run" in block["note"]
@@ -174,6 +178,6 @@ def test_exact_run_without_position_logs_gives_a_note(plan, tmp_path):
     config = dataclasses.replace(exact, log_positions=False, limit=2, max_new_tokens=8)
     done = batch.collect_runs([config], tmp_path / "runs")
     assert [e for _, e in done.values()] == [None]
-    block = anatomy_block(tmp_path / "runs", "arith")
+    block = anatomy_block(audit.TaskRuns.load(tmp_path / "runs", "arith")).to_dict()
     assert block["runs"] == []
     assert "without position logs" in block["note"] and "discovery" in block["note"]

@@ -13,8 +13,7 @@ import json
 
 import pytest
 
-from relaxspec_audit import audit as stats
-from relaxspec_audit import batch, report
+from relaxspec_audit import audit, batch
 from relaxspec_audit.collect import logs
 from relaxspec_audit.collect.config import EMBEDDED_DIR
 
@@ -58,7 +57,7 @@ def signed(tmp_path_factory):
 
 def test_runs_carry_one_cost_table(signed):
     runs, _, _ = signed
-    table = report.runs_table(runs, "story", variants=True)
+    table = audit.runs_table(runs, "story", variants=True)
     ids = {}
     for d in table["run_dir"].to_list():
         m = logs.read_manifest(d)
@@ -71,8 +70,8 @@ def test_runs_carry_one_cost_table(signed):
 
 def test_identical_logs_audit_to_exactly_one(signed):
     runs, _, _ = signed
-    (exact,) = report.run_dirs(runs, "story", rule="exact", split="discovery")
-    s = stats.audit_summary([exact], reference=[exact])
+    (exact,) = audit.TaskRuns.load(runs, "story").run_dirs(rule="exact", split="discovery")
+    s = audit.audit_summary([exact], reference=[exact])
     sp = s["speedup_vs_reference"]
     assert (sp["speedup"], sp["ci_low"], sp["ci_high"]) == (1.0, 1.0, 1.0)
 

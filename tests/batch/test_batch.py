@@ -24,7 +24,7 @@ import pytest
 import yaml
 from _synthetic import make_run
 
-from relaxspec_audit import batch, report
+from relaxspec_audit import audit, batch, report
 from relaxspec_audit.collect import logs
 from relaxspec_audit.collect.config import RunConfig
 
@@ -538,7 +538,7 @@ def test_failing_notebook_is_saved_and_batch_goes_on(tmp_path, monkeypatch):
     assert "arith" in index and "story" in index and "fixture collect failure" in index
     # Code cells are hidden in the HTML: no source line of the notebook shows up.
     html = (result.report_dir / "arith" / "signoff.html").read_text()
-    assert "import relaxspec_audit" not in html and "report.task_summary(" not in html
+    assert "import relaxspec_audit" not in html and "audit.audit_task(" not in html
 
 
 @pytest.mark.slow
@@ -562,7 +562,7 @@ def test_real_decoder_collects_and_resumes(tmp_path, tiny_llama_pair):
         assert path == config.run_dir(tmp_path / "runs")
         manifest = logs.read_manifest(path)
         assert manifest["status"] == "complete" and manifest["n_requests"] == 2
-    table = report.runs_table(tmp_path / "runs", "arith")
+    table = audit.runs_table(tmp_path / "runs", "arith")
     assert sorted(table["rule"].to_list()) == ["exact", "nucleus", "target"]
     # Collecting again finds every request finished: same folders, nothing re-decoded.
     mtimes = {p: (p / "requests").stat().st_mtime_ns for p, _ in first.values()}
@@ -577,7 +577,8 @@ def test_unscored_task_is_inconclusive_but_shows_divergence(tmp_path):
     data["tasks"][0]["task"] = "story"
     for config in batch.load_config(data).all_runs():
         fake_collect(config.to_json(), str(tmp_path / "runs"), 1)
-    families = report.recommend(tmp_path / "runs", "story", ni_margin=0.05)
+    runs = audit.TaskRuns.load(tmp_path / "runs", "story")
+    families = [f.to_dict() for f in audit.family_verdicts(runs, ni_margin=0.05)]
     assert {f["rule"]: f["verdict"] for f in families} == {
         "nucleus": "INCONCLUSIVE",
         "asd": "INCONCLUSIVE",
@@ -587,7 +588,7 @@ def test_unscored_task_is_inconclusive_but_shows_divergence(tmp_path):
         assert "no scorer" in " ".join(fam["reasons"])
         conf = fam["confirmation"]
         assert conf["accuracy_delta"] is None and conf["divergence"] is not None
-    text = report.signoff_markdown(report.task_summary(tmp_path / "runs", "story"))
+    text = report.signoff_markdown(audit.audit_task(tmp_path / "runs", "story"))
     assert "INCONCLUSIVE" in text and "no scorer" in text
 
 

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 from test_batch import model_dirs
 
-from relaxspec_audit import batch, report
+from relaxspec_audit import batch
 from relaxspec_audit.batch.config import MAX_CONFIG_BYTES, BatchConfigError
 
 
@@ -147,13 +147,13 @@ def test_oversized_and_non_utf8_documents_are_refused(tmp_path, no_collection):
 def test_validate_parameters_rejects_non_finite_and_out_of_range():
     for bad in (float("nan"), float("inf"), 1, 5, -0.1, "0.1", True):
         with pytest.raises(ValueError, match=r"^ni_margin: must be a number >= 0 and < 1"):
-            report.validate_parameters(ni_margin=bad)
+            batch.validate_parameters(ni_margin=bad)
     for bad in (float("nan"), 0, 1, 2, None):
         with pytest.raises(ValueError, match=r"^alpha: must be in \(0, 1\)"):
-            report.validate_parameters(alpha=bad)
+            batch.validate_parameters(alpha=bad)
     with pytest.raises(ValueError, match=r"^thetas: every θ must be in \(0, 1\]"):
-        report.validate_parameters(thetas=[float("nan")])
-    assert report.validate_parameters(ni_margin=0.02, alpha=0.05, thetas=[0.5, 1.0]) is None
+        batch.validate_parameters(thetas=[float("nan")])
+    assert batch.validate_parameters(ni_margin=0.02, alpha=0.05, thetas=[0.5, 1.0]) is None
 
 
 @pytest.mark.parametrize(

@@ -3,8 +3,8 @@
 One batch (``batch.run_batch``) renders all five notebooks for one task, one kernel start
 per notebook, on schema-v1 runs written by the real ``logs.RunWriter`` (``test_batch``'s
 fixture). Each notebook writes the key numbers it shows through ``report.save_numbers``;
-the tests recompute them with the package functions (THEORY §3 statistics from ``stats``,
-the discovery → confirmation choice from ``report``) and compare.
+the tests recompute them with the package functions (THEORY §3 statistics and
+the discovery → confirmation choice from ``audit``) and compare.
 
 Also enforced here: committed notebooks carry no outputs and no execution counts, have a
 ``parameters`` cell in the nanoGPT look (one setting per line, trailing comment) and a
@@ -23,8 +23,7 @@ import polars as pl
 import pytest
 from test_batch import fake_collect, small_config
 
-from relaxspec_audit import audit as stats
-from relaxspec_audit import batch, report
+from relaxspec_audit import audit, batch
 from relaxspec_audit.collect import logs
 from relaxspec_audit.collect.config import RunConfig
 
@@ -66,7 +65,7 @@ def test_notebook_shape(path):
         assert "#" in line, f"{path.name}: no comment on {line!r}"
     # The cell after the imports validates the parameters through the package.
     code = _code(nb)
-    assert any("report.validate_parameters(" in src for src in code)
+    assert any("batch.validate_parameters(" in src for src in code)
     # Thin notebooks: no function or class definitions, no lambdas (STYLE point 7).
     for src in code:
         tree = ast.parse("\n".join(ln for ln in src.splitlines() if not ln.startswith("%")))
@@ -81,26 +80,26 @@ def test_notebook_shape(path):
 
 def test_validate_parameters_names_the_bad_one(tmp_path):
     with pytest.raises(ValueError, match=r"^ni_margin: must be a number >= 0"):
-        report.validate_parameters(ni_margin=-1)
+        batch.validate_parameters(ni_margin=-1)
     with pytest.raises(
         ValueError, match=r"^margin: unknown notebook parameter \(renamed ni_margin\)"
     ):
-        report.validate_parameters(margin=0.1)
+        batch.validate_parameters(margin=0.1)
     with pytest.raises(ValueError, match=r"^thetas: every θ must be in \(0, 1\]"):
-        report.validate_parameters(thetas=[0.5, 1.5])
+        batch.validate_parameters(thetas=[0.5, 1.5])
     with pytest.raises(ValueError, match=r"^alpha: must be in \(0, 1\)"):
-        report.validate_parameters(alpha=1.0)
+        batch.validate_parameters(alpha=1.0)
     with pytest.raises(ValueError, match=r"^split: must be one of"):
-        report.validate_parameters(split="train")
+        batch.validate_parameters(split="train")
     with pytest.raises(ValueError, match=r"^runs_dir: must be an existing folder"):
-        report.validate_parameters(runs_dir=str(tmp_path / "nope"))
+        batch.validate_parameters(runs_dir=str(tmp_path / "nope"))
     with pytest.raises(
         ValueError, match=r"^runs_dir: .*no such run folder|^runs_dir: .*holds none"
     ):
-        report.validate_parameters(runs_dir=str(tmp_path), task="arith")
+        batch.validate_parameters(runs_dir=str(tmp_path), task="arith")
     with pytest.raises(ValueError, match=r"^bogus: unknown notebook parameter"):
-        report.validate_parameters(bogus=1)
-    assert report.validate_parameters(ni_margin=0.0, alpha=0.05) is None
+        batch.validate_parameters(bogus=1)
+    assert batch.validate_parameters(ni_margin=0.0, alpha=0.05) is None
 
 
 # ---------------------------------------------------------------------- executed
@@ -139,7 +138,7 @@ def rendered(tmp_path_factory):
 def expected_audit(rendered):
     """The audit table recomputed here, outside the kernels (ni_margin as configured)."""
     _, runs = rendered
-    return report.audit_table(runs, "arith", ni_margin=0.3)
+    return audit.audit_table(runs, "arith", ni_margin=0.3)
 
 
 def _numbers(result, name: str) -> dict:
@@ -170,7 +169,7 @@ def test_every_notebook_runs_without_error(rendered):
 def test_collect_numbers(rendered):
     result, runs = rendered
     numbers = _numbers(result, "collect")
-    table = report.runs_table(runs, "arith")
+    table = audit.runs_table(runs, "arith")
     assert numbers["n_runs"] == table.height == 14
     assert {r["run_id"] for r in numbers["runs"]} == set(table["run_id"].to_list())
 
@@ -179,10 +178,10 @@ def test_collect_numbers(rendered):
 def test_rejection_anatomy_numbers(rendered):
     result, runs = rendered
     numbers = _numbers(result, "rejection_anatomy")
-    exact = stats.RunFrames.load(report.run_dirs(runs, "arith", rule="exact"))
+    exact = audit.RunFrames.load(audit.TaskRuns.load(runs, "arith").run_dirs(rule="exact"))
     # The notebook's default grid is the one the runs logged E_S on (one θ grid).
     assert exact.theta_grid == RunConfig().theta_grid
-    expected = stats.rejection_anatomy(exact.positions, exact.theta_grid).filter(
+    expected = audit.rejection_anatomy(exact.positions, exact.theta_grid).filter(
         pl.col("measure") == "nucleus"
     )
     shown = [r for r in numbers["rejected_in_nucleus"] if r["measure"] == "nucleus"]
@@ -205,7 +204,7 @@ def test_fidelity_numbers(rendered, expected_audit):
         assert got == pytest.approx(want, nan_ok=True), col
     # Cross-check one pairing against stats directly (THEORY §3 accuracy delta, paired).
     row = expected.filter(pl.col("setting") == "nucleus θ=0.8").row(0, named=True)
-    acc = stats.accuracy_delta(
+    acc = audit.accuracy_delta(
         logs.scan([row["run_dir"]], "requests"),
         logs.scan([row["reference_dir"]], "requests"),
         ni_margin=0.3,
@@ -218,7 +217,10 @@ def test_fidelity_numbers(rendered, expected_audit):
 def test_choose_setting_and_signoff_numbers(rendered, expected_audit):
     result, runs = rendered
     choices = _numbers(result, "choose_setting")["choices"]
-    expected = report.recommend(runs, "arith", ni_margin=0.3, table=expected_audit)
+    verdicts = audit.family_verdicts(
+        audit.TaskRuns.load(runs, "arith"), ni_margin=0.3, table=expected_audit
+    )
+    expected = [f.to_dict() for f in verdicts]
     assert [(c["rule"], c["verdict"], c["chosen"]) for c in choices] == [
         (c["rule"], c["verdict"], c["chosen"]) for c in expected
     ]
@@ -226,8 +228,8 @@ def test_choose_setting_and_signoff_numbers(rendered, expected_audit):
     assert {c["reference"] for c in choices} == {"exact", "greedy"}
     signoff = _numbers(result, "signoff")
     summary = json.loads((result.report_dir / "arith" / "summary.json").read_text())
-    assert summary["schema"] == report.SUMMARY_SCHEMA
-    assert summary["schema_version"] == report.SUMMARY_SCHEMA_VERSION
+    assert summary["schema"] == audit.SUMMARY_SCHEMA
+    assert summary["schema_version"] == audit.SUMMARY_SCHEMA_VERSION
     assert summary["ni_margin"] == signoff["ni_margin"] == 0.3
     assert [(f["rule"], f["verdict"], f["chosen"]) for f in summary["families"]] == [
         (c["rule"], c["verdict"], c["chosen"]) for c in expected

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from _synthetic import family_verdict, manifest_facts, task_audit
 
 from relaxspec_audit import report
 
@@ -59,40 +60,33 @@ def render_markdown(tmp: Path, *markdowns: str) -> str:
     return report.export_html(ipynb, tmp / "page.html", title=IMG).read_text()
 
 
-def hostile_summary() -> dict:
-    fam = {
-        "rule": "nucleus",
-        "reference": "exact",
-        "verdict": "PASS",
-        "knob": "θ",
-        "setting": "θ=0.9",
-        "reasons": [LINK],
-        "caveats": [SCRIPT],
-        "confirmation": None,
-    }
-    return {
-        "task": IMG,
-        "task_slug": IMG,
-        "status": "ok",
-        "ni_margin": 0.02,
-        "alpha": 0.05,
-        "families": [fam],
-        "errors": [f"collect failed for {SCRIPT}"],
-        "notebooks": [{"name": "signoff", "html": f"{SCRIPT}.html", "ok": True}],
-        "manifest": {"package_version": SCRIPT, "git_commit": IMG},
-    }
+def hostile_summary():
+    fam = family_verdict(rule="nucleus", reference="exact", verdict="PASS", knob="θ",
+                         setting="θ=0.9", reasons=[LINK], caveats=[SCRIPT], confirmation=None,
+                         headline=LINK)  # fmt: skip
+    return task_audit(
+        task=IMG,
+        task_slug=IMG,
+        status="ok",
+        ni_margin=0.02,
+        alpha=0.05,
+        families=[fam],
+        errors=[f"collect failed for {SCRIPT}"],
+        notebooks=[{"name": "signoff", "html": f"{SCRIPT}.html", "ok": True, "error": None}],
+        manifest=manifest_facts(package_version=SCRIPT, git_commit=IMG),
+    )
 
 
-def hostile_facts() -> dict:
-    return {
-        "models": [
+def hostile_facts():
+    return manifest_facts(
+        models=[
             {"target": {"path": f"/models/{SCRIPT}", "revision": IMG}, "draft": SCRIPT},
         ],
-        "seeds": [0],
-        "hosts": [IMG],
-        "git_commit": "abc|def",
-        "versions": [{"torch": SCRIPT}],
-    }
+        seeds=[0],
+        hosts=[IMG],
+        git_commit="abc|def",
+        versions=[{"torch": SCRIPT}],
+    )
 
 
 def test_manifest_markdown_escapes_a_script_model_path(tmp_path):
@@ -109,7 +103,7 @@ def test_manifest_markdown_escapes_a_script_model_path(tmp_path):
 
 def test_signoff_and_choices_markdown_escape_task_names_and_reasons(tmp_path):
     summary = hostile_summary()
-    choices = [{**summary["families"][0], "discovery": None}]
+    choices = [summary.families[0].model_copy(update={"discovery": None})]
     signoff, chosen = report.signoff_markdown(summary), report.choices_markdown(choices)
     for md in (signoff, chosen):
         assert "<script" not in md and "<img" not in md and "](javascript:" not in md
@@ -126,7 +120,7 @@ def test_write_index_escapes_every_value(tmp_path):
     assert "collect failed for m&lt;script&gt;alert(1)&lt;/script&gt;" in page
     # Links stay relative file links whatever the task folder is called.
     assert 'href="./t%3Cimg%20src%3Dx%20onerror%3Dalert%281%29%3E/summary.json"' in page
-    evil = {**hostile_summary(), "task_slug": "javascript:alert(1)"}
+    evil = hostile_summary().model_copy(update={"task_slug": "javascript:alert(1)"})
     page = report.write_index(tmp_path, [evil]).read_text()
     assert live_parts(page) == [] and 'href="./javascript%3Aalert%281%29/' in page
 

@@ -13,7 +13,9 @@ import polars as pl
 import pytest
 
 from relaxspec_audit import collect
+from relaxspec_audit.audit import divergences as data
 from relaxspec_audit.audit.fidelity import first_divergence
+from relaxspec_audit.audit.runs import TaskRuns
 from relaxspec_audit.collect import logs
 from relaxspec_audit.collect.config import EMBEDDED_DIR, RunConfig
 from relaxspec_audit.report import explorer
@@ -46,10 +48,12 @@ def _n_diverged(rel, ref) -> int:
     return int(first_divergence(*req, by=[])["diverged"].sum())
 
 
+def _view(runs, rule="nucleus", split="discovery", **kw):
+    return data.divergences(TaskRuns.load(runs[0], "story"), rule, split=split, **kw)
+
+
 def _page(runs, tmp_path, **kw) -> str:
-    out = explorer.divergence_page(runs[0], "story", "nucleus", tmp_path / "d.html",
-                                   split="discovery", **kw)  # fmt: skip
-    return out.read_text()
+    return explorer.divergence_page(_view(runs, **kw), tmp_path / "d.html").read_text()
 
 
 def _sections(page: str) -> list[str]:
@@ -87,13 +91,13 @@ def test_cap_says_how_many_were_left_out(runs, tmp_path):
 
 
 def test_token_text_is_escaped(runs, tmp_path, monkeypatch):
-    monkeypatch.setattr(explorer, "_token_texts", lambda tok, ids: ["<script>x"] * len(ids))
+    monkeypatch.setattr(data, "_texts", lambda tok, ids: ["<script>x"] * len(ids))
     page = _page(runs, tmp_path)
     assert "<script" not in page.lower() and "&lt;script&gt;x</span>" in page
 
 
 def test_without_a_tokenizer_ids_show_and_the_page_says_so_once(runs, tmp_path, monkeypatch):
-    monkeypatch.setattr(explorer, "_load_tokenizer", lambda path: (None, "OSError: <gone>"))
+    monkeypatch.setattr(data, "_load_tokenizer", lambda path: (None, "OSError: <gone>"))
     page = _page(runs, tmp_path)
     assert page.count("Token text unavailable") == 1 and "&lt;gone&gt;" in page
     assert re.search(r">#\d+</span>", page)
@@ -105,20 +109,20 @@ def test_request_view_is_one_request_fragment(runs):
     ref_req = logs.scan([ref], "requests").collect()
     div = first_divergence(rel_req, ref_req, by=[], keep=["request_id"])
     first = div.filter(pl.col("diverged")).sort("first_pos").row(0, named=True)
-    view = explorer.request_view(rel, ref, first["request_id_rel"])
+    view = explorer.request_view(*data.request_pair(rel, ref, first["request_id_rel"]))
     assert view.startswith("<style>") and "<html" not in view and "<script" not in view.lower()
     assert view.count('class="xp-req"') == 1 and f"token {first['first_pos']}:" in view
     same = div.filter(~pl.col("diverged"))["request_id_rel"][0]
-    assert "identical outputs" in explorer.request_view(rel, ref, same)
+    assert "identical outputs" in explorer.request_view(*data.request_pair(rel, ref, same))
     with pytest.raises(ValueError, match="request_id"):
-        explorer.request_view(rel, ref, "no-such-request")
+        data.request_pair(rel, ref, "no-such-request")
 
 
 def test_bad_input_is_refused_by_name(runs, tmp_path):
     with pytest.raises(ValueError, match="rule: 'exact' is not a relaxed rule"):
-        explorer.divergence_page(runs[0], "story", "exact", tmp_path / "x.html")
+        _view(runs, "exact")
     with pytest.raises(ValueError, match=r"split 'confirmation'.*nucleus on discovery"):
-        explorer.divergence_page(runs[0], "story", "nucleus", tmp_path / "x.html")
+        _view(runs, "nucleus", split="confirmation")
     with pytest.raises(ValueError, match="max_requests"):
         _page(runs, tmp_path, max_requests=0)
 
@@ -126,16 +130,23 @@ def test_bad_input_is_refused_by_name(runs, tmp_path):
 def test_long_outputs_draw_a_window_and_unlogged_runs_are_not_called_numerics():
     from relaxspec_audit.report import explorer
 
-    ids = list(range(1000))
-    texts = [f"t{i}" for i in ids]
-    page = explorer._tokens_html(ids, texts, {}, 500)
+    def output(n):
+        return data.Output(
+            label="x",
+            stop=None,
+            tokens=[data.Token(id=i, text=f"t{i}", row=None) for i in range(n)],
+        )
+
+    page = explorer._tokens_html(output(1000), 500)
     assert page.count('class="tok ') == 2 * explorer.WINDOW + 1  # bounded, not 1000 spans
     assert f"… {500 - explorer.WINDOW} tokens before" in page
     assert f"… {1000 - 501 - explorer.WINDOW} tokens after" in page
     # A run logged without positions: the divergence is unattributed, and the relaxed
     # output (as long as the reference's) did not "end first".
-    pair = {"first_pos": 10, "attribution": explorer.UNATTRIBUTED, "cause": None,
-            "output_ids_rel": list(range(16))}  # fmt: skip
+    pair = data.Pair(item_id="i", sample=0, request_id_rel="i", request_id_ref="i", first_pos=10,
+                     attribution=data.UNATTRIBUTED, cause=None, kind=None, score_rel=None,
+                     score_ref=None, reference=output(16), relaxed=output(16))  # fmt: skip
     line = explorer._verdict_line(pair)
     assert "unattributed" in line and "ended first" not in line
-    assert "ended first" in explorer._verdict_line({**pair, "output_ids_rel": [1, 2]})
+    short = pair.model_copy(update={"relaxed": output(2)})
+    assert "ended first" in explorer._verdict_line(short)

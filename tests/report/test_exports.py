@@ -12,9 +12,17 @@ import json
 from pathlib import Path
 
 import pytest
+from _synthetic import family_verdict, frontier_row, setting_row, speed_facts, task_audit
+from _synthetic import verdict as make_verdict
 
-from relaxspec_audit.report import parameters, tables
-from relaxspec_audit.report.runs import NO_SPLIT_NOTE, check_one_setting, split_note
+from relaxspec_audit.audit.runs import NO_SPLIT_NOTE, TaskRuns, check_one_setting
+from relaxspec_audit.batch import parameters
+from relaxspec_audit.report import tables
+
+
+def split_note(runs_dir, task):
+    return TaskRuns.load(runs_dir, task).split_note()
+
 
 _PAIR = {"target": "models/t", "draft": "models/d", "temperature": 1.0, "top_k": None,
          "top_p": None, "k": 5, "max_new_tokens": 64}  # fmt: skip
@@ -42,23 +50,23 @@ def _family(**over):
         "verdict": "PASS",
         "setting": "nucleus θ=0.95",
         "shown_setting": "nucleus θ=0.95",
-        "confirmation": row,
-        "discovery": {**row, "accuracy_delta": 0.5},
-        "speed": {
-            "split": "confirmation",
-            "modelled": {"speedup": 1.2, "ci_low": 1.1, "ci_high": 1.3},
-        },
-        "noise_floor": {"short": "0/20"},
+        "confirmation": setting_row(**row),
+        "discovery": setting_row(**{**row, "accuracy_delta": 0.5}),
+        "speed": speed_facts(
+            split="confirmation",
+            modelled={"speedup": 1.2, "ci_low": 1.1, "ci_high": 1.3, "basis": None, "note": None},
+        ),
+        "noise_floor": {"greedy": None, "numeric": [], "sentence": "", "short": "0/20"},
         "reasons": ["discovery: fastest | non-inferior", "confirmation: ok"],
-        "select": {"numbers": {"confirmation": {"n_items": 57}}},
+        "select": make_verdict(numbers={"confirmation": frontier_row(n_items=57)}),
     }
     fam.update(over)
-    return fam
+    return family_verdict(**fam)
 
 
 def test_family_rows_carry_the_verdict_and_the_shown_split():
-    other = _family(rule="asd", setting=None, verdict="FAIL", speed={})
-    summary = {"task": "arith", "families": [_family(), other]}
+    other = _family(rule="asd", setting=None, verdict="FAIL", speed=speed_facts(split=None))
+    summary = task_audit(task="arith", families=[_family(), other])
     rows = tables.family_rows(summary)
     assert [r["rule"] for r in rows] == ["nucleus", "asd"]
     first = rows[0]
@@ -76,7 +84,7 @@ def test_family_rows_carry_the_verdict_and_the_shown_split():
 
 
 def test_summary_csv_round_trips_and_writes_atomically(tmp_path):
-    summary = {"task": "arith", "families": [_family(noise_floor=None)]}
+    summary = task_audit(task="arith", families=[_family(noise_floor=None)])
     path = tables.write_summary_csv(summary, tmp_path / "t" / "summary.csv")
     assert list(tmp_path.joinpath("t").iterdir()) == [path]  # no temporary file left
     text = path.read_text(encoding="utf-8")
@@ -88,7 +96,7 @@ def test_summary_csv_round_trips_and_writes_atomically(tmp_path):
 
 
 def test_markdown_folds_intervals_and_keeps_cells_whole():
-    md = tables.rows_markdown(tables.family_rows({"task": "arith", "families": [_family()]}),
+    md = tables.rows_markdown(tables.family_rows(task_audit(task="arith", families=[_family()])),
                               tables.FAMILY_COLUMNS)  # fmt: skip
     header, _, body = md.strip().splitlines()
     cols = [c.strip() for c in header.strip("|").split("|")]

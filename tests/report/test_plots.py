@@ -1,7 +1,7 @@
 """Figures: every plot draws the frame it is given, with labelled axes, and survives empties.
 
 Frames come from the real statistics (``stats``) over ``_synthetic.make_run`` logs and from
-``report.audit_table`` over fixture runs; the checks read back what matplotlib drew (the
+``audit.audit_table`` over fixture runs; the checks read back what matplotlib drew (the
 plotted values are the frame's, axes carry units, the figure fits a report page).
 """
 
@@ -19,7 +19,7 @@ from _synthetic import make_run
 from test_batch import fake_collect, small_config
 
 from relaxspec_audit import audit as stats
-from relaxspec_audit import batch, report
+from relaxspec_audit import batch
 from relaxspec_audit.report import plots
 
 THETAS = (0.5, 0.8, 0.9, 0.95)
@@ -38,7 +38,7 @@ def audit(tmp_path_factory):
     plan = batch.load_config(data)
     for config in plan.all_runs():
         fake_collect(config.to_json(), str(tmp / "runs"), 1)
-    return report.audit_table(tmp / "runs", "arith", ni_margin=0.1)
+    return stats.audit_table(tmp / "runs", "arith", ni_margin=0.1)
 
 
 @pytest.fixture(autouse=True)

@@ -102,8 +102,9 @@ def toy_rule(monkeypatch):
 def test_a_rule_added_to_the_registry_gets_cli_batch_and_label(toy_rule, tmp_path):
     from click.testing import CliRunner
 
-    from relaxspec_audit import batch, report
+    from relaxspec_audit import batch
     from relaxspec_audit._cli.collect import build_command
+    from relaxspec_audit.audit.runs import reference_rule
 
     # CLI: the option exists, is typed, and belongs to the new rule only.
     command = build_command()
@@ -122,9 +123,9 @@ def test_a_rule_added_to_the_registry_gets_cli_batch_and_label(toy_rule, tmp_pat
     with pytest.raises(batch.BatchConfigError, match=r"rules\[0\]\.sigma"):
         batch.plan_task("arith", [{"rule": "toy", "sigma": 1.0}])
     # Report: a label from the parameter's symbol, and the reference from the registry.
-    assert report.setting_label("toy", {"slack": 0.25}) == "toy σ=0.25"
-    assert report.reference_rule("toy", 1.0) == "exact"
-    report.validate_parameters(rule="toy")
+    assert registry.setting_label("toy", {"slack": 0.25}) == "toy σ=0.25"
+    assert reference_rule("toy", 1.0) == "exact"
+    batch.validate_parameters(rule="toy")
 
 
 def test_cli_options_are_shared_and_typed():
@@ -149,13 +150,13 @@ def test_asd_given_only_budget_keeps_its_rows_in_the_signoff(tmp_path):
 
     from test_batch import fake_collect, small_config
 
-    from relaxspec_audit import batch, report
+    from relaxspec_audit import audit, batch, report
 
     data = small_config(tmp_path)
     assert {"rule": "asd", "budget": [2.0, 8.0]} in data["tasks"][0]["rules"]  # budget only
     for config in batch.load_config(data).all_runs():
         fake_collect(config.to_json(), str(tmp_path / "runs"), 1)
-    summary = report.task_summary(tmp_path / "runs", "arith", ni_margin=0.5)
+    summary = audit.audit_task(tmp_path / "runs", "arith", ni_margin=0.5).to_dict()
     asd = next(f for f in summary["families"] if f["rule"] == "asd")
     assert asd["chosen"] is not None, asd["reasons"]
     assert set(asd["chosen"]) == {"budget", "gate", "cap"}
@@ -176,7 +177,7 @@ def test_shown_setting_of_an_unscored_family_ignores_wall_clock():
     θ = 0.9 on one run and θ = 0.95 on the next when the wall clock ranked."""
     import polars as pl
 
-    from relaxspec_audit.report.summary import fastest_setting
+    from relaxspec_audit.audit.signoff import fastest_setting
 
     rows = pl.DataFrame(
         {
