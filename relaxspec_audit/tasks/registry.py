@@ -10,11 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from relaxspec_audit.tasks.bundled import BUNDLED, _bundled
-from relaxspec_audit.tasks.humaneval import (
-    HUMANEVAL_TEMPLATES,
-    _humaneval_installed,
-    load_humaneval,
-)
+from relaxspec_audit.tasks.chat import CHAT_TEMPLATES
+from relaxspec_audit.tasks.humaneval import _humaneval_installed, load_humaneval
 from relaxspec_audit.tasks.jsonl import load_jsonl
 from relaxspec_audit.tasks.mtbench import _MTBENCH_DESCRIPTION, MTBENCH, load_mtbench
 from relaxspec_audit.tasks.task import SPLITS, Task, TaskError
@@ -26,7 +23,7 @@ def _registered(key: str) -> Task | None:
         return _bundled(key)
     if key == "humaneval":
         return load_humaneval()
-    if key.startswith("humaneval-") and key.removeprefix("humaneval-") in HUMANEVAL_TEMPLATES:
+    if key.startswith("humaneval-") and key.removeprefix("humaneval-") in CHAT_TEMPLATES:
         return load_humaneval(prompt_template=key.removeprefix("humaneval-"))
     if key == MTBENCH:
         return load_mtbench()
@@ -35,7 +32,7 @@ def _registered(key: str) -> Task | None:
 
 def task_names() -> list[str]:
     """Every registered task name (whether or not its data is available here)."""
-    return [*BUNDLED, "humaneval", *(f"humaneval-{t}" for t in HUMANEVAL_TEMPLATES), MTBENCH]
+    return [*BUNDLED, "humaneval", *(f"humaneval-{t}" for t in CHAT_TEMPLATES), MTBENCH]
 
 
 def load_task(name_or_path: str | Path, split: str | None = None, limit: int | None = None) -> Task:
@@ -88,7 +85,7 @@ def list_tasks() -> list[dict[str, Any]]:
     """
     names: list[str] = list(BUNDLED)
     if _humaneval_installed():
-        names += ["humaneval", *(f"humaneval-{t}" for t in HUMANEVAL_TEMPLATES)]
+        names += ["humaneval", *(f"humaneval-{t}" for t in CHAT_TEMPLATES)]
     names.append(MTBENCH)
     out = []
     for name in names:

@@ -26,6 +26,7 @@ from relaxspec_audit.models.real import (
     GgufSpec,
     fetch_real,
 )
+from relaxspec_audit.tasks.chat import QWEN_CHAT
 
 
 def _sha(data: bytes) -> str:
@@ -405,7 +406,7 @@ def test_mtbench_questions_are_extracted_verified_and_loadable(tmp_path):
     task = tasks.load_jsonl(real.mtbench_task_path(tmp_path), name="mtbench")
     assert task.scorer_name == "none"
     assert [i.id for i in task.items] == ["mtbench-81", "mtbench-101"]
-    assert task.items[0].prompt == real.QWEN_CHAT.format(user="Write a poem.")
+    assert task.items[0].prompt == QWEN_CHAT.format(user="Write a poem.")
     assert task.items[0].prompt.endswith("<|im_start|>assistant\n")
     assert task.items[0].metadata == {"category": "writing", "question": "Write a poem."}
     assert task.score(task.items[0], "anything") is None
@@ -508,7 +509,7 @@ def test_real_pair_loads_from_cache_and_agrees_on_tokens(request):
     rendered = tok_p.apply_chat_template(
         [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
     )
-    assert rendered == real.QWEN_CHAT.format(user="Hi")  # the MT-Bench task's template
+    assert rendered == QWEN_CHAT.format(user="Hi")  # the MT-Bench task's template
     chat_ids = tok_p(rendered).input_ids
     assert chat_ids.count(tok_p.convert_tokens_to_ids("<|im_start|>")) == 3  # parsed, not text
     ids = tok_p("def fibonacci(n):\n    ", return_tensors="pt").input_ids  # [1, S]
