@@ -50,7 +50,7 @@ real: $(STAMP)
 	$(BIN)/relaxspec-audit batch relaxspec_audit/configs/real.yaml --jobs 1
 
 real-test: $(STAMP)
-	$(BIN)/python -m pytest -q -m real tests/tools/test_real.py
+	$(BIN)/python -m pytest -q -m real tests/pairs/test_real.py
 
 # JupyterLab on the notebooks (the `lab` extra, installed into .venv on first use). The
 # notebooks' runs_dir = "runs" finds the repository's runs/ from notebooks/ too

@@ -20,3 +20,32 @@ def test_chat_prompt_renders_one_user_turn_and_the_prefill():
 def test_unknown_chat_template_names_the_known_ones():
     with pytest.raises(TaskError, match=r"prompt_template: must be one of \['qwen-chat'\]"):
         chat_prompt("Hi", "llama-chat")
+
+
+def _imports(path):
+    import ast
+
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+    return names
+
+
+def test_no_task_module_imports_the_pairs():
+    # Tasks own their templates and their data; the pairs' code (and the maintainer tools)
+    # may use tasks, never the reverse. Imports inside functions count too.
+    from pathlib import Path
+
+    import relaxspec_audit.tasks
+
+    folder = Path(relaxspec_audit.tasks.__file__).parent
+    modules = sorted(folder.glob("*.py"))
+    assert {p.name for p in modules} >= {"chat.py", "humaneval.py", "mtbench.py"}
+    for path in modules:
+        bad = [n for n in _imports(path) if n.startswith(("relaxspec_audit.pairs", "zoo"))]
+        assert not bad, (path.name, bad)
+    # The check sees function-level imports: mtbench.py reads its path lazily.
+    assert "relaxspec_audit.tasks.mtbench_fetch" in _imports(folder / "mtbench.py")

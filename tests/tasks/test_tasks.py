@@ -295,10 +295,11 @@ def test_humaneval_qwen_chat_prefills_the_prompt_and_scores_the_plain_program(hu
 
 
 def _mtbench_cache(tmp_path, monkeypatch, rows=None):
-    from relaxspec_audit.models import real
+    from relaxspec_audit.fetch.cache import CACHE_ENV
+    from relaxspec_audit.tasks.mtbench_fetch import mtbench_task_path
 
-    monkeypatch.setenv(real.CACHE_ENV, str(tmp_path / "cache"))
-    path = real.mtbench_task_path()
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    path = mtbench_task_path()
     if rows is not None:
         path.parent.mkdir(parents=True)
         path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
