@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from relaxspec_audit.batch.calibration import calibrate_batch
-from relaxspec_audit.batch.config import ENGINES, BatchConfig, TaskPlan, load_config
 from relaxspec_audit.batch.notebooks import (
     KERNEL_NAME,
     NotebookResult,
@@ -32,7 +31,9 @@ from relaxspec_audit.batch.notebooks import (
     execute_notebook,
     notebook_parameters,
 )
+from relaxspec_audit.batch.plan import BatchConfig, TaskPlan
 from relaxspec_audit.batch.timing import time_task
+from relaxspec_audit.batch.validation import ENGINES, load_config
 from relaxspec_audit.collect.config import TARGET_ONLY, RunConfig
 
 
