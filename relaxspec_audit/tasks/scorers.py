@@ -12,8 +12,12 @@ import re
 
 from relaxspec_audit.tasks.task import Scorer, TaskItem
 
-# A number: optional sign, digits with optional thousands commas, optional decimals.
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+# A number: digits, or digits grouped in threes by commas (1,234,567; "1,2,3" is three
+# numbers), optional decimals ("18." is 18: a sentence's full stop), and a minus sign only
+# where it cannot be subtraction (not after a letter, digit or point: "5-3" is 5 and 3).
+# Currency signs and units around it are not part of it ("$1,234.50 dollars" is 1234.5).
+_SIGN = r"(?:(?<![\w.])-)?"
+_NUMBER = re.compile(_SIGN + r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?" + "|" + _SIGN + r"\.\d+")
 
 
 def _parse_number(text: str) -> float | None:
@@ -29,7 +33,9 @@ def extract_answer(text: str) -> float | None:
 
     The number right after the last ``####`` if there is one, else the last number in
     the text. Thousands commas are ignored (``1,234`` → 1234), signs and decimals are
-    kept (``-3.5``), trailing text after the number is ignored.
+    kept (``-3.5``), currency signs, units and a trailing full stop around the number are
+    ignored (``$1,234.50 dollars.`` → 1234.5), and so is trailing text after the
+    ``####`` number.
 
     Args:
         text: A model completion or a reference solution.
