@@ -21,8 +21,8 @@ demo: $(STAMP)
 	$(BIN)/relaxspec-audit demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check relaxspec_audit tests benchmarks
-	$(BIN)/ruff format --check relaxspec_audit tests benchmarks
+	$(BIN)/ruff check relaxspec_audit tests benchmarks tools
+	$(BIN)/ruff format --check relaxspec_audit tests benchmarks tools
 
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q
@@ -35,12 +35,12 @@ bench: $(STAMP)
 
 # Rebuild the embedded pair (data/models/arith/MODEL_CARD.md), seeded, on 2 threads.
 models: $(STAMP)
-	$(BIN)/python -m relaxspec_audit.models.zoo --out data/models/arith --seed 0 --threads 2
+	$(BIN)/python tools/zoo.py --out data/models/arith --seed 0 --threads 2
 
 # The pair against its targets (speculation pays, NSD has something to decide), from the
 # demo batch's logs: run `make demo` first. Writes data/models/arith/pair_check.{json,md}.
 pair-check: $(STAMP)
-	$(BIN)/python -m relaxspec_audit.models.pair_check --runs runs --reports reports/demo --out data/models/arith
+	$(BIN)/python tools/pair_check.py --runs runs --reports reports/demo --out data/models/arith
 
 # The real Qwen2.5-Coder pair (docs/REAL_AUDIT.md): ~1.6 GB of downloads, ~10 GB cache,
 # ~9 GB RAM while dequantising. Not part of `make test`.
@@ -50,7 +50,7 @@ real: $(STAMP)
 	$(BIN)/relaxspec-audit batch relaxspec_audit/configs/real.yaml --jobs 1
 
 real-test: $(STAMP)
-	$(BIN)/python -m pytest -q -m real tests/tools/test_real.py
+	$(BIN)/python -m pytest -q -m real tests/pairs/test_real.py
 
 # JupyterLab on the notebooks (the `lab` extra, installed into .venv on first use). The
 # notebooks' runs_dir = "runs" finds the repository's runs/ from notebooks/ too

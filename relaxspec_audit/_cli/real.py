@@ -39,13 +39,15 @@ def fetch_real(
     and caches it with its tokenizer; also caches the MT-Bench questions. Re-running
     resumes; a failed check leaves no half-written cache. Needs ~10 GB of disk.
     """
-    from relaxspec_audit.models import real
+    from relaxspec_audit.fetch.errors import FetchError
+    from relaxspec_audit.pairs import real
+    from relaxspec_audit.pairs.qwen import model_dir
 
     if check:
         reason = real.missing_reason(cache_dir)
         if reason is not None:
             raise click.ClickException(reason)
-        click.echo(f"complete: {real.model_dir('target', cache_dir).parent}")
+        click.echo(f"complete: {model_dir('target', cache_dir).parent}")
         return
     roles = [r for r in ("draft", "target") if not only or r in only]
     try:
@@ -56,7 +58,7 @@ def fetch_real(
             mtbench=not only or "mtbench" in only,
             keep_downloads=keep_downloads,
         )
-    except real.FetchError as exc:
+    except FetchError as exc:
         raise click.ClickException(str(exc)) from exc
     for name in ("target", "draft", "mtbench"):
         value = getattr(paths, name)

@@ -10,7 +10,7 @@ import click
 @click.command("tasks")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
 def tasks(as_json: bool) -> None:
-    """List the available task sets (bundled suites and HumanEval if installed).
+    """List the available task sets (bundled suites, GSM8K, HumanEval if installed, MT-Bench).
 
     A JSONL file of your own (``id``/``prompt``/``reference`` or GSM8K
     ``question``/``answer``) is a task too: pass its path wherever a task name goes.

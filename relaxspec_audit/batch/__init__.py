@@ -1,23 +1,14 @@
-"""Batch audits: config validation and planning, notebook execution, the batch runner.
+"""Batch audits: config loading, validation and planning, notebook execution, the runner.
 
-``batch.config`` reads and validates a YAML batch config into per-task plans,
-``batch.notebooks`` executes one bundled notebook with papermill, ``batch.runner`` collects
-the missing runs and renders every task's reports. The public API is re-exported here.
+``batch.loading`` reads a YAML batch config within limits and with line numbers,
+``batch.validation`` checks all of it, ``batch.plan`` holds the per-task plans it expands
+into (with the coupling, noise-floor and timing keys), ``batch.notebooks`` executes one
+bundled notebook with papermill, ``batch.runner`` collects the missing runs and renders
+every task's reports. The public API is re-exported here.
 """
 
 from relaxspec_audit.batch.calibration import calibrate_batch
-from relaxspec_audit.batch.config import (
-    BATCH_PARAMETERS,
-    BATCH_SCHEMA_VERSION,
-    CONFIG_DIR,
-    DEFAULT_NOTEBOOKS,
-    BatchConfig,
-    BatchConfigError,
-    TaskPlan,
-    bundled_config,
-    load_config,
-    plan_task,
-)
+from relaxspec_audit.batch.loading import BatchConfigError
 from relaxspec_audit.batch.notebooks import (
     KERNEL_NAME,
     NOTEBOOK_DIR,
@@ -29,12 +20,21 @@ from relaxspec_audit.batch.notebooks import (
     notebook_path,
 )
 from relaxspec_audit.batch.parameters import resolve_runs_dir, validate_parameters
+from relaxspec_audit.batch.plan import DEFAULT_NOTEBOOKS, BatchConfig, TaskPlan
 from relaxspec_audit.batch.runner import (
     BatchResult,
     TaskResult,
     collect_runs,
     run_batch,
     runs_root,
+)
+from relaxspec_audit.batch.validation import (
+    BATCH_PARAMETERS,
+    BATCH_SCHEMA_VERSION,
+    CONFIG_DIR,
+    bundled_config,
+    load_config,
+    plan_task,
 )
 
 __all__ = [

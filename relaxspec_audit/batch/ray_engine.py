@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from relaxspec_audit.batch.config import TaskPlan
+from relaxspec_audit.batch.plan import TaskPlan
 from relaxspec_audit.batch.shards import (
     DEFAULT_SHARD_SIZE,
     ShardSpec,

@@ -1,7 +1,7 @@
 """Batch runner: one validated config → collected runs → executed notebooks → ``reports/``.
 
 The recipe follows papermill's ``execute_notebook`` (STYLE "papermill"): load the config →
-validate *all* of it (``batch.config``) before any work → calibrate one cost table per
+validate *all* of it (``batch.validation``) before any work → calibrate one cost table per
 (pair, device, dtype, K, batch size) (``batch.calibration``; the modelled speed-up's costs)
 → collect the runs that are missing (independent shards, in parallel up to ``jobs``;
 ``collect.run.collect`` resumes a run folder) → per task, the paired timing pass when the
@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from relaxspec_audit.batch.calibration import calibrate_batch
-from relaxspec_audit.batch.config import ENGINES, BatchConfig, TaskPlan, load_config
 from relaxspec_audit.batch.notebooks import (
     KERNEL_NAME,
     NotebookResult,
@@ -32,7 +31,9 @@ from relaxspec_audit.batch.notebooks import (
     execute_notebook,
     notebook_parameters,
 )
+from relaxspec_audit.batch.plan import BatchConfig, TaskPlan
 from relaxspec_audit.batch.timing import time_task
+from relaxspec_audit.batch.validation import ENGINES, load_config
 from relaxspec_audit.collect.config import TARGET_ONLY, RunConfig
 
 

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from relaxspec_audit.batch.config import TaskPlan
+from relaxspec_audit.batch.plan import TaskPlan
 from relaxspec_audit.collect.config import TARGET_ONLY, RunConfig
 from relaxspec_audit.verify.registry import RULES
 

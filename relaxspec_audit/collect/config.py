@@ -37,7 +37,7 @@ from relaxspec_audit.verify.registry import TARGET_ONLY
 #: Repository root (this module lives in ``<root>/relaxspec_audit/collect``); the embedded
 #: pair is resolved against it so that the defaults work from any working directory.
 REPO_ROOT = Path(__file__).resolve().parents[2]
-#: The embedded model pair trained by ``relaxspec_audit.models.zoo`` (DESIGN "Embedded default").
+#: The embedded model pair trained by ``tools/zoo.py`` (DESIGN "Embedded default").
 EMBEDDED_DIR = REPO_ROOT / "data" / "models" / "arith"
 DEFAULT_TARGET = str(EMBEDDED_DIR / "target")
 DEFAULT_DRAFT = str(EMBEDDED_DIR / "draft")

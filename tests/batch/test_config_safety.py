@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from test_batch import model_dirs
 
 from relaxspec_audit import batch
-from relaxspec_audit.batch.config import MAX_CONFIG_BYTES, BatchConfigError
+from relaxspec_audit.batch.loading import MAX_CONFIG_BYTES, BatchConfigError
 
 
 @pytest.fixture

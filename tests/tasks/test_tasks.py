@@ -267,7 +267,7 @@ def test_code_scorer_cuts_a_correct_body_that_runs_on(humaneval_0):
 
 
 def test_humaneval_qwen_chat_prefills_the_prompt_and_scores_the_plain_program(humaneval_0):
-    from relaxspec_audit.models import real
+    from relaxspec_audit.tasks.chat import QWEN_CHAT
 
     task = load_task("humaneval-qwen-chat", split=humaneval_0.split, limit=1)
     assert task.name == "humaneval-qwen-chat" and task.scorer_name == "code"
@@ -276,7 +276,7 @@ def test_humaneval_qwen_chat_prefills_the_prompt_and_scores_the_plain_program(hu
     assert item.id == "HumanEval/0" and item.split == humaneval_0.split
     assert item.metadata["code_prefix"] == plain
     user = f"Complete the following Python function.\n```python\n{plain}```"
-    assert item.prompt == real.QWEN_CHAT.format(user=user) + "```python\n" + plain
+    assert item.prompt == QWEN_CHAT.format(user=user) + "```python\n" + plain
     assert item.prompt.startswith("<|im_start|>system\n") and item.prompt.endswith(plain)
     # The chat text never reaches the program: reference 1.0, wrong body 0.0, a fenced
     # answer that closes with ``` and chat text after it is cut and still passes.
@@ -295,10 +295,11 @@ def test_humaneval_qwen_chat_prefills_the_prompt_and_scores_the_plain_program(hu
 
 
 def _mtbench_cache(tmp_path, monkeypatch, rows=None):
-    from relaxspec_audit.models import real
+    from relaxspec_audit.fetch.cache import CACHE_ENV
+    from relaxspec_audit.tasks.mtbench_fetch import mtbench_task_path
 
-    monkeypatch.setenv(real.CACHE_ENV, str(tmp_path / "cache"))
-    path = real.mtbench_task_path()
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    path = mtbench_task_path()
     if rows is not None:
         path.parent.mkdir(parents=True)
         path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")

