@@ -485,8 +485,13 @@ def check_prompts_fit(
     """:func:`check_prompt_fits` for every ``(item_id, prompt_ids)``, before any decoding.
 
     ``k`` is the run's K (0 for target-only decoding).
+
+    Raises:
+        DecodeError: an empty prompt, or one too long (:func:`check_prompt_fits`), named.
     """
     for item_id, ids in requests:
+        if not ids:
+            raise DecodeError(f"item {item_id}: empty prompt (no token ids)")
         check_prompt_fits(pair, item_id, len(ids), max_new_tokens + k + 1)
 
 

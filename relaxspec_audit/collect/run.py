@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from relaxspec_audit.collect.config import TARGET_ONLY, RunConfig, sample_request_id
-from relaxspec_audit.collect.engine import decode_request
 from relaxspec_audit.collect.inputs import bind_inputs
 from relaxspec_audit.collect.lease import check_owner, hold_run
 from relaxspec_audit.collect.logs import RequestRows
@@ -143,9 +142,10 @@ def collect(
             stops = StopStrings(pair.tokenizer, task.stop) if task.stop else None
             decoded, engine = _decoder(pair, config, requests, stops)
             # Which engine ran, and the KV cache it preallocated, before any decoding.
-            writer.update_manifest(engine=engine)
+            if engine is not None:
+                writer.update_manifest(engine=engine)
             if progress is not None:
-                progress({**totals, "engine": engine})
+                progress({**totals, "engine": engine} if engine is not None else dict(totals))
             for rows in decoded:
                 item = todo[rows.request_id]
                 text = pair.tokenizer.decode(rows.request["output_ids"], skip_special_tokens=True)
@@ -233,24 +233,15 @@ def _decoder(
     config: RunConfig,
     requests: list[tuple[str, list[int]]],
     stops: StopStrings | None,
-) -> tuple[Iterator[RequestRows], dict[str, Any]]:
+) -> tuple[Iterator[RequestRows], dict[str, Any] | None]:
     """The decoded rows of ``requests`` (lazily) and what the manifest records of the engine.
 
-    The batched static-cache engine (``collect.batched``) when the pair is Llama-family;
-    otherwise the one-request engine over transformers' own forward (any causal LM), one
-    request at a time, with the reason recorded.
+    One engine (``collect.batched``) for every pair, through the model adapter it chooses;
+    nothing to decode builds none (None: no record).
     """
-    from relaxspec_audit.collect.batched import (
-        BatchedEngine,
-        engine_info,
-        fast_path_reason,
-        resolve_batch_size,
-    )
+    from relaxspec_audit.collect.batched import open_engine
 
-    reason = fast_path_reason(pair)
-    if reason is None and requests:
-        b = resolve_batch_size(config.batch_size, pair.device, len(requests))
-        engine = BatchedEngine(pair, config, b, max(len(ids) for _, ids in requests), stops)
-        return engine.run(requests), engine_info(engine)
-    one = (decode_request(pair, ids, config, rid, stops=stops) for rid, ids in requests)
-    return one, {"engine": "generic", "batch_size": 1, "reason": reason}
+    if not requests:
+        return iter(()), None
+    engine = open_engine(pair, config, requests, stops)
+    return engine.run(requests), engine.record

@@ -6,13 +6,17 @@ row's whole current sequence, alone and without a cache (test_fastmodel's ``_Mir
 the checks cover the crop (rollback), skipped padding and idle rows, refilled and moved
 rows, prefills of selected rows and kept logits, for GPT-2, OPT, a sliding-window Mistral
 (its cache must record the past to roll back) and the Llama-family models FastLM also
-serves.
+serves. Then whole runs: GPT-2 and OPT pairs decode batched through the engine, greedy
+token for token as ``generate``, sampled as one request at a time up to near-ties.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
+from test_batched import assert_same_up_to_near_tie
 from test_fastmodel import (
     _Mirror,
     _ragged_batch,
@@ -22,10 +26,13 @@ from test_fastmodel import (
 )
 
 from relaxspec_audit import collect
-from relaxspec_audit.collect import adapter
+from relaxspec_audit.collect import adapter, batched
+from relaxspec_audit.collect.config import RunConfig
 from relaxspec_audit.collect.pair import DecodeError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+PROMPTS = ["12+34=", "7*8=?", "abc", "z", "the sum of 5 and 9 is", "1 2 3 4"]
 
 
 def _config(arch: str, layers: int):
@@ -52,6 +59,23 @@ def _model(arch: str, layers: int = 2, seed: int = 0):
 
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(_config(arch, layers)).eval()
+
+
+@pytest.fixture(scope="module", params=["gpt2", "opt"])
+def other_pair(request, tiny_tokenizer):
+    """A 2-layer target and a 1-layer draft copied from it and perturbed (they agree often)."""
+    target = _model(request.param, 2)
+    draft = _model(request.param, 1, seed=1)
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, param in target.named_parameters():  # the second layer writes little
+            if ".1." in name and any(out in name for out in ("c_proj", "out_proj", "fc2")):
+                param.mul_(0.3)
+        source = target.state_dict()
+        for name, tensor in draft.state_dict().items():
+            src = source[name]  # the first layer, embeddings, norms and head exist in both
+            tensor.copy_(src + 0.1 * src.std() * torch.randn(src.shape, generator=gen))
+    return collect.make_pair(target, draft, tiny_tokenizer)
 
 
 MODELS = ["gpt2", "opt", "mistral-window", "llama", "qwen2"]
@@ -130,3 +154,54 @@ def test_choose_adapter_names_the_model_fastlm_cannot_serve(tiny_llama_pair, tin
     assert adapter.choose_adapter(alone).reason.startswith("target: model_type 'opt'")
     with pytest.raises(ValueError, match="adapter kind"):
         adapter.Adapter("generic")
+
+
+def _requests(pair) -> list[tuple[str, list[int]]]:
+    return [(f"r{i}", pair.tokenizer(p)["input_ids"]) for i, p in enumerate(PROMPTS)]
+
+
+@pytest.mark.parametrize("rule, params", [("greedy", {}), ("asd", {"budget": 0.0}), ("target", {})])
+def test_other_causal_lms_decode_batched_as_generate(other_pair, rule, params):
+    """Greedy verification (and target-only) at batch 4 over six requests, so rows are
+    refilled and the batch narrows, is token for token ``generate(do_sample=False)``."""
+    config = RunConfig(rule=rule, params=params, k=3, max_new_tokens=16, temperature=0.0)
+    reqs = _requests(other_pair)
+    engine = batched.open_engine(other_pair, config, reqs, batch_size=4)
+    assert engine.adapter.kind == adapter.TRANSFORMERS
+    rows = {r.request_id: r for r in engine.run(reqs)}
+    assert engine.widths  # the batch narrowed: rows moved with their caches
+    accepted = 0
+    for rid, ids in reqs:
+        with torch.inference_mode():
+            out = other_pair.target.generate(torch.tensor([ids]), max_new_tokens=16,
+                                             do_sample=False, pad_token_id=0)  # fmt: skip
+        ref = out[0, len(ids) :].tolist()
+        eos = next((j for j, t in enumerate(ref) if t in other_pair.eos_ids), None)
+        assert rows[rid].request["output_ids"] == (ref if eos is None else ref[: eos + 1]), rid
+        accepted += sum(rows[rid].rounds["accepted"])
+    assert rule == "target" or accepted > 0  # drafts were accepted: rollback was exercised
+
+
+@pytest.mark.parametrize("rule, params", [("exact", {}), ("nucleus", {"theta": 0.8})])
+def test_other_causal_lms_batched_equal_one_request_up_to_near_ties(other_pair, rule, params):
+    """Sampled decoding of a GPT-2 or OPT pair at batch 4 logs what one request at a time
+    logs, up to near-ties (the batching contract, THEORY §4). GPT-2's rows run to the
+    length limit, OPT's end at an EOS after a few tokens."""
+    config = RunConfig(rule=rule, params=params, k=3, max_new_tokens=16, temperature=1.0)
+    reqs = _requests(other_pair)
+    one = {rid: batched.decode_request(other_pair, ids, config, rid) for rid, ids in reqs}
+    many = {r.request_id: r for r in batched.decode_batched(other_pair, reqs, config, 4)}
+    for rid in one:
+        assert_same_up_to_near_tie(one[rid], many[rid], config)
+
+
+def test_engine_record_names_the_adapter_and_why(other_pair):
+    config = RunConfig(rule="exact", k=3, max_new_tokens=4)
+    record = batched.open_engine(other_pair, config, _requests(other_pair)).record
+    assert record["engine"] == "transformers" and "model_type" in record["reason"]
+    assert record["batch_size"] == len(PROMPTS) and record["kv_cache_bytes"] > 0
+    pair = dataclasses.replace(other_pair, draft=None)
+    target_only = RunConfig(rule="target", max_new_tokens=4, temperature=0.0)
+    alone = batched.open_engine(pair, target_only, [("a", [5])])
+    assert alone.draft is None
+    assert alone.record["kv_cache_bytes"] == alone.target.cache_bytes(1, alone.s_max)

@@ -1,4 +1,4 @@
-"""The logging speculative decoder (collect.py) on tiny random Llama and Qwen2 pairs.
+"""The logging speculative decoder (one request through the engine) on tiny Llama and Qwen2 pairs.
 
 Checks THEORY §1 (rounds, KV-cache rollback), §2.1 (exact is lossless), §2.2/§2.4 (greedy and
 ASD with B = 0 reproduce the target's greedy output), §4 (coupled randomness), and the log
@@ -24,10 +24,14 @@ from scipy import stats
 
 from relaxspec_audit import collect
 from relaxspec_audit import verify as rules
-from relaxspec_audit.collect import engine, logs, roundlog
+from relaxspec_audit.collect import adapter, logs, roundlog
+from relaxspec_audit.collect import round as round_
 from relaxspec_audit.collect.config import EMBEDDED_DIR, RunConfig
 
 PROMPTS = ["12+34=", "7*8=?", "abc", "z", "the sum of 5 and 9 is"]
+#: The model adapters a Llama-family pair can decode through: FastLM (its own choice) and
+#: transformers' own forward over its caches (forced).
+ADAPTERS = {"static": None, "transformers": adapter.Adapter(adapter.TRANSFORMERS)}
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -53,18 +57,19 @@ def _generate(model, ids: list[int], n: int, **kw) -> list[int]:
 # ------------------------------------------------------------------ greedy identity (§2.2, §2.4)
 
 
+@pytest.mark.parametrize("via", ADAPTERS)
 @pytest.mark.parametrize(
     "rule, params",
     [("greedy", {}), ("asd", {"budget": 0.0}), ("exact", {}), ("target", {})],
 )
-def test_greedy_matches_generate(tiny_pair, rule, params):
+def test_greedy_matches_generate(tiny_pair, rule, params, via):
     pair = _pair(tiny_pair)
     cfg = _cfg(rule=rule, params=params, temperature=0.0)
     accepted = []
     for i, prompt in enumerate(PROMPTS):
         ids = pair.tokenizer(prompt)["input_ids"]
         ref = _generate(tiny_pair.target, ids, cfg.max_new_tokens)
-        rows = collect.decode_request(pair, ids, cfg, f"r{i}")
+        rows = collect.decode_request(pair, ids, cfg, f"r{i}", adapter=ADAPTERS[via])
         assert rows.request["output_ids"] == ref, (tiny_pair.arch, rule, prompt)
         accepted += rows.rounds["accepted"]
     if rule != "target":
@@ -129,10 +134,9 @@ def test_embedded_pair_greedy_matches_generate():
     reason=f"embedded pair not built ({EMBEDDED_DIR} missing; `make models`)",
 )
 def test_stopping_drafts_at_eos_changes_no_output(monkeypatch):
-    """Drafting stops at a draft EOS (nothing after it can be emitted): outputs, and every
-    row both runs log, equal those of drafting K every round; only not-reached rows after
-    the EOS disappear and fewer drafts are made. The per-round check (CUDA) and the
-    per-step check (CPU) give identical logs.
+    """A block ends at a draft EOS (nothing after it can be emitted): outputs, and every
+    row both runs log, equal those of blocks of K every round; only not-reached rows after
+    the EOS disappear and the blocks (``rounds.k``) are shorter.
     """
     from relaxspec_audit import tasks
 
@@ -148,9 +152,8 @@ def test_stopping_drafts_at_eos_changes_no_output(monkeypatch):
         ("asd", {"budget": 100.0, "gate": 4.0, "cap": 5}, 0.0),
     ]
     drafted = {}
-    for mode in ("off", "step", "round"):
-        monkeypatch.setattr(engine, "_STOP_DRAFT_AT_EOS", mode != "off")
-        monkeypatch.setattr(engine, "_eos_check_per_step", lambda dev, m=mode: m == "step")
+    for mode in ("off", "on"):
+        monkeypatch.setattr(round_, "_END_BLOCK_AT_DRAFT_EOS", mode != "off")
         frames = {}
         for rule, params, temp in cases:
             cfg = _cfg(rule=rule, params=params, temperature=temp, k=5, max_new_tokens=32)
@@ -165,10 +168,8 @@ def test_stopping_drafts_at_eos_changes_no_output(monkeypatch):
                 )
         drafted[mode] = frames
     for key, (out_off, pos_off, k_off) in drafted["off"].items():
-        out_step, pos_step, k_step = drafted["step"][key]
-        out_round, pos_round, k_round = drafted["round"][key]
-        assert out_step == out_off == out_round, key
-        assert pos_step.equals(pos_round) and k_step == k_round, key
+        out_step, pos_step, k_step = drafted["on"][key]
+        assert out_step == out_off, key
         assert k_step <= k_off, key
         both = pos_off.join(pos_step, on=["round", "pos", "kind"], suffix="_s")
         assert both.height == pos_step.height, key  # every row logged is also logged off
@@ -178,7 +179,7 @@ def test_stopping_drafts_at_eos_changes_no_output(monkeypatch):
         np.testing.assert_allclose(both["p"], both["p_s"], rtol=1e-5, atol=1e-6)
         dropped = pos_off.join(pos_step, on=["round", "pos", "kind"], how="anti")
         assert (dropped["cause"] == "not_reached").all(), key
-    saved = sum(f[2] for f in drafted["off"].values()) - sum(f[2] for f in drafted["step"].values())
+    saved = sum(f[2] for f in drafted["off"].values()) - sum(f[2] for f in drafted["on"].values())
     assert saved > 0
 
 
@@ -448,12 +449,14 @@ def test_logging_off_gives_same_output(tiny_llama_pair):
 # ------------------------------------------------------------------ KV cache crop (§1)
 
 
-def test_kv_crop_matches_no_cache_recompute(tiny_pair):
-    """Logged p and q of every emitted token equal a no-cache forward over the final text."""
+@pytest.mark.parametrize("via", ADAPTERS)
+def test_kv_crop_matches_no_cache_recompute(tiny_pair, via):
+    """Logged p and q of every emitted token equal a no-cache forward over the final text,
+    through either adapter (FastLM's implicit rollback, transformers' caches cropped)."""
     pair = _pair(tiny_pair)
     cfg = _cfg(rule="nucleus", params={"theta": 0.9}, k=4, max_new_tokens=30)
     ids = pair.tokenizer("the sum of 5 and 9 is")["input_ids"]
-    rows = collect.decode_request(pair, ids, cfg, "kv")
+    rows = collect.decode_request(pair, ids, cfg, "kv", adapter=ADAPTERS[via])
     out = rows.request["output_ids"]
     assert len(set(rows.rounds["accepted"])) > 1  # crops of different lengths happened
     seq = torch.tensor([ids + out])
