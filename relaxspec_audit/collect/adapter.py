@@ -111,8 +111,7 @@ class CacheLM:
 
         self.model = model
         self.vocab = logit_size(model)
-        param = next(model.parameters())
-        self.dtype, self.device = param.dtype, param.device
+        self.dtype = next(model.parameters()).dtype
         self.pos_device = torch.device("cpu")
         self._kwarg = _cache_kwarg(type(model))
         self._caches: list[Any] = []
@@ -146,7 +145,7 @@ class CacheLM:
             layers = cfg.num_hidden_layers
         except (AttributeError, TypeError):
             return None
-        itemsize = next(self.model.parameters()).element_size()
+        itemsize = self.dtype.itemsize
         return 2 * layers * batch_size * kv_heads * max_seq_len * head_dim * itemsize
 
     def setup_cache(self, batch_size: int, max_seq_len: int) -> int | None:
@@ -188,7 +187,7 @@ class CacheLM:
             kv_len: ignored (see the class docstring).
 
         Returns:
-            ``[b, keep or T, V]`` logits in the model's dtype.
+            ``[b, keep or T, V]`` logits in the dtype the model returns them in.
 
         Raises:
             ValueError: a row's real slots are not contiguous positions.

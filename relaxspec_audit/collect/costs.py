@@ -445,23 +445,20 @@ def _calls(pair: Any, adapter: Any, k: int, b: int, s_max: int) -> dict[str, Any
     def ids(t: int) -> torch.Tensor:
         return torch.randint(0, v, (b, t), generator=gen).to(dev)  # [B, T]
 
+    def pos(start: int, t: int, lm: Any) -> torch.Tensor:
+        return (start + torch.arange(t)).expand(b, t).contiguous().to(lm.pos_device)  # [B, T]
+
     lms = {}
     with torch.inference_mode():
         for role, model in (("target", pair.target), ("draft", pair.draft if k else None)):
-            if model is None:
-                continue
-            lm = adapter.wrap(model)
-            lm.setup_cache(b, s_max)
-
-            def pos(start: int, t: int, lm: Any = lm) -> torch.Tensor:
-                return (start + torch.arange(t)).expand(b, t).contiguous().to(lm.pos_device)
-
-            lm(ids(ctx), pos(0, ctx), keep=1)  # the context every timed call attends to
-            lms[role] = (lm, pos)
+            if model is not None:
+                lm = lms[role] = adapter.wrap(model)
+                lm.setup_cache(b, s_max)
+                lm(ids(ctx), pos(0, ctx, lm), keep=1)  # the context every timed call attends to
 
     def call(role: str, t: int, keep: int | None = None) -> Any:
-        lm, pos = lms[role]
-        x, at = ids(t), pos(ctx, t)
+        lm = lms[role]
+        x, at = ids(t), pos(ctx, t, lm)
         # The engine reads logits as float over V columns; the argmax forces the whole call.
         return lambda: lm(x, at, keep=keep)[..., :v].float().argmax(-1)
 

@@ -123,7 +123,7 @@ def timing_pass(
     """
     import torch
 
-    from relaxspec_audit.collect.batched import open_engine
+    from relaxspec_audit.collect.batched import open_engine, resolve_batch_size
 
     if not configs:
         raise ValueError("configs: need at least one (the reference) to time")
@@ -140,15 +140,17 @@ def timing_pass(
             raise ValueError(f"configs: rule {c.rule!r} needs a draft; the pair has none")
     dev = pair.device
     requests = list(requests)
-    record: dict[str, Any] = {}
+    # One batch size for every config (not each config's own): the pass compares rules.
+    b = resolve_batch_size(batch_size, dev, len(requests))
+    kinds: set[str] = set()  # the model adapter every decode went through (one per pair)
 
     def sync() -> None:
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
 
     def decode(config: RunConfig) -> tuple[float, int, str]:
-        engine = open_engine(pair, config, requests, stops, batch_size)  # untimed: allocation
-        record.update(engine=engine.adapter.kind, batch_size=engine.b)
+        engine = open_engine(pair, config, requests, stops, b)  # untimed: allocation
+        kinds.add(engine.adapter.kind)
         sync()
         t0 = time.perf_counter()
         rows = list(engine.run(requests, timing=False))
@@ -187,7 +189,8 @@ def timing_pass(
         "tokens": tokens,
         "outputs": outputs,
         "slot": slot,
-        **record,  # the engine every config decoded through (one pair: one adapter)
+        "engine": kinds.pop(),
+        "batch_size": b,
         "machine": _machine(pair),
         "load_avg_before": load_before,
         "load_avg_after": _load_avg(),
