@@ -100,7 +100,7 @@ failed=""
 # 1. correctness first: nothing below means anything if these fail
 if "$PYBIN" -c 'import pytest' >/dev/null 2>&1; then
   step "CUDA tests" 75 "$PYBIN" -m pytest -q -p no:cacheprovider -o addopts="-ra" \
-    tests/collect/test_fastmodel.py tests/collect/test_batched.py tests/collect/test_graphs.py tests/collect/test_decoder.py \
+    tests/collect/test_fastmodel.py tests/collect/test_batched.py tests/collect/test_graphs.py tests/collect/test_decoder.py tests/collect/test_pair.py \
     -k "cuda or load_pair"
 fi
 # 2. one target pass against the bandwidth bound
