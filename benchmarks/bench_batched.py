@@ -1,8 +1,10 @@
 """Batched collection benchmark: aggregate tokens/s at batch B against batch-1 decoding.
 
 For each mode (target-only greedy, greedy speculative, nucleus θ = 0.95 at T = 1) the
-same prompts are decoded by the one-request engine (``collect.engine.decode_request``, the
-baseline) and by the batched static-cache engine (``collect.batched``) at every batch size;
+same prompts are decoded one request at a time (``collect.batched.decode_request``: the
+engine at batch 1, built per request, the baseline) and by the engine (``collect.batched``)
+at every batch size, through the pair's model adapter (``--adapter transformers`` forces
+transformers' own caches on a Llama pair, for what FastLM's static caches buy);
 methods are interleaved within each repeat, so background load hits all of them alike, and
 each ratio is the median over repeats of (batched tokens/s) / (baseline tokens/s). Also the
 logging on / off wall-time ratio of greedy speculative at batch 8. Prints a markdown table,
@@ -37,9 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_decoder import SHAPES, device_dtype, load, prompts_for, sync
 
-from relaxspec_audit.collect import batched
+from relaxspec_audit.collect import adapter, batched
+from relaxspec_audit.collect.batched import decode_request
 from relaxspec_audit.collect.config import RunConfig
-from relaxspec_audit.collect.engine import decode_request
 
 MODES = {
     "target-only": {"rule": "target", "temperature": 0.0},
@@ -56,9 +58,10 @@ def _timed(fn, device) -> tuple[float, list]:
     return time.perf_counter() - t, rows
 
 
-def baseline(pair, reqs, config: RunConfig, stops=None) -> list:
-    """The one-request engine over ``reqs`` (the batch-1 baseline)."""
-    return [decode_request(pair, ids, config, rid, timing=False, stops=stops) for rid, ids in reqs]
+def baseline(pair, reqs, config: RunConfig, stops=None, via=None) -> list:
+    """One request at a time over ``reqs`` (the batch-1 baseline), through adapter ``via``."""
+    return [decode_request(pair, ids, config, rid, timing=False, stops=stops, adapter=via)
+            for rid, ids in reqs]  # fmt: skip
 
 
 #: Engine features ``--compare-off`` can switch off, each timed against the default engine:
@@ -77,11 +80,13 @@ class Engine:
     ``off``: names of :data:`FEATURES` switched off.
     """
 
-    def __init__(self, pair, reqs, config: RunConfig, batch: int, device, off=(), stops=None):
+    def __init__(
+        self, pair, reqs, config: RunConfig, batch: int, device, off=(), stops=None, via=None
+    ):
         b = batched.resolve_batch_size(batch, device, len(reqs))
         longest = max(len(ids) for _, ids in reqs)
         self.reqs, self.device = reqs, device
-        self.engine = batched.BatchedEngine(pair, config, b, longest, stops)
+        self.engine = batched.BatchedEngine(pair, config, b, longest, stops, adapter=via)
         for name in off:
             FEATURES[name][1](self.engine)
         self.first_run_s = _timed(self._decode, device)[0]
@@ -154,7 +159,7 @@ def main() -> None:
         "--baseline-prompts",
         type=int,
         default=None,
-        help="decode only the first N prompts with the one-request engine (its tokens/s "
+        help="decode only the first N prompts one request at a time (its tokens/s "
         "does not depend on how many; default: all)",
     )
     ap.add_argument("--max-new-tokens", type=int, default=32)
@@ -175,6 +180,12 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument(
+        "--adapter",
+        default="auto",
+        choices=["auto", adapter.TRANSFORMERS],
+        help="the model adapter (auto: the pair's own choice, FastLM for Llama-family pairs)",
+    )
     ap.add_argument("--json", help="also write the results to this JSON file")
     ap.add_argument(
         "--cuda-graphs",
@@ -215,8 +226,11 @@ def main() -> None:
         sys.exit(f"--cuda-graphs needs a CUDA device, got {device}")
     paths = (args.target, args.draft) if args.target and args.draft else None
     name, pair = load(args.pair, device, dtype, paths)
-    if batched.fast_path_reason(pair) is not None:
-        sys.exit(f"the batched engine cannot serve this pair: {batched.fast_path_reason(pair)}")
+    forced = args.adapter == adapter.TRANSFORMERS
+    via = adapter.Adapter(adapter.TRANSFORMERS, "--adapter") if forced else None
+    chosen = via or adapter.choose_adapter(pair)
+    if args.cuda_graphs and chosen.kind != adapter.STATIC:
+        sys.exit(f"--cuda-graphs needs the static-cache model; this run uses {chosen}")
     prompts = prompts_for(name, pair, args.prompts, task=args.task)  # a task's, for paths too
     name = f"{args.target} / {args.draft}" if paths else name
     reqs = [(f"bench-{i:04d}", ids) for i, ids in enumerate(prompts)]
@@ -232,8 +246,9 @@ def main() -> None:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]  # "": transformers only
     load_before = os.getloadavg()
     lens = [len(p) for p in prompts]
-    setup = (f"pair {name}, {device} {str(dtype).removeprefix('torch.')}, {args.threads} "
-             f"thread(s); {len(prompts)} prompts of {min(lens)}-{max(lens)} tokens (mean "
+    setup = (f"pair {name} ({chosen.kind} adapter), {device} "
+             f"{str(dtype).removeprefix('torch.')}, {args.threads} thread(s); {len(prompts)} "
+             f"prompts of {min(lens)}-{max(lens)} tokens (mean "
              f"{sum(lens) / len(lens):.0f}), baseline on {len(base_reqs)}, K = {args.k}, "
              f"{args.max_new_tokens} new tokens{' (or a stop string)' if stops else ''}, "
              f"{args.repeats} repeats")  # fmt: skip
@@ -247,7 +262,7 @@ def main() -> None:
 
     for mode in modes:
         config = RunConfig(**base, **MODES[mode])
-        baseline(pair, base_reqs[:2], config, stops)  # warm-up
+        baseline(pair, base_reqs[:2], config, stops, via)  # warm-up
         variants = {str(b): (config, b, ()) for b in sizes}
         if args.cuda_graphs:
             graphed = RunConfig(**base, **MODES[mode], cuda_graphs=True)
@@ -255,13 +270,13 @@ def main() -> None:
         for name in compare_off:
             variants.update({f"{name}-off{b}": (config, b, (name,)) for b in sizes})
         engines = {
-            key: Engine(pair, reqs, c, b, device, off=off, stops=stops)
+            key: Engine(pair, reqs, c, b, device, off=off, stops=stops, via=via)
             for key, (c, b, off) in variants.items()
         }
         per: dict[str, list[float]] = {"base": [], **{key: [] for key in engines}}
         last: dict[str, list] = {}
         for _ in range(args.repeats):  # interleaved: each variant right after the others
-            s, rows = _timed(lambda c=config: baseline(pair, base_reqs, c, stops), device)
+            s, rows = _timed(lambda c=config: baseline(pair, base_reqs, c, stops, via), device)
             per["base"].append(_tokens(rows) / s)
             for key, engine in engines.items():
                 s, last[key] = engine.run()
@@ -295,8 +310,8 @@ def main() -> None:
         on_off = []
         cfg_on = RunConfig(**base, **MODES["greedy spec."])
         cfg_off = RunConfig(**base, **MODES["greedy spec."], log_positions=False)
-        on = Engine(pair, reqs, cfg_on, args.log_overhead, device, stops=stops)
-        off = Engine(pair, reqs, cfg_off, args.log_overhead, device, stops=stops)
+        on = Engine(pair, reqs, cfg_on, args.log_overhead, device, stops=stops, via=via)
+        off = Engine(pair, reqs, cfg_off, args.log_overhead, device, stops=stops, via=via)
         for _ in range(args.repeats):
             on_off.append(on.run()[0] / off.run()[0])
         results[f"log_overhead_b{args.log_overhead}"] = statistics.median(on_off)

@@ -139,7 +139,7 @@ def roofline(pair, device: torch.device, k: int, context: int = 128) -> dict:
     bound needs no spec sheet. A decode step of a small batch is bandwidth-bound: its floor
     is ``param_bytes / bandwidth``.
     """
-    from relaxspec_audit.collect.kvcache import _crop, _forward, _new_cache
+    from relaxspec_audit.collect.adapter import CacheLM
 
     n_bytes = 1 << (30 if device.type == "cuda" else 27)  # copy size for the bandwidth
     buf = torch.empty(n_bytes, dtype=torch.uint8, device=device)
@@ -157,18 +157,20 @@ def roofline(pair, device: torch.device, k: int, context: int = 128) -> dict:
     ids = torch.randint(3, pair.vocab_size, (1, context), device=device)
 
     def timed(n_new: int) -> float:
-        cache = _new_cache(pair.target)
+        # transformers' own forward over its cache, rolled back to the context each call
+        lm = CacheLM(pair.target)
+        lm.setup_cache(1, context + n_new)
+        at = (context + torch.arange(n_new))[None]  # [1, n_new]
         with torch.inference_mode():
-            _forward(pair.target, ids, cache, keep=1)
+            lm(ids, torch.arange(context)[None], keep=1)
             samples = []
             for _ in range(20):
                 x = ids[:, :n_new]
                 sync(device)
                 t0 = time.perf_counter()
-                _forward(pair.target, x, cache, keep=0)
+                lm(x, at)
                 sync(device)
                 samples.append(time.perf_counter() - t0)
-                _crop(cache, context)
         return statistics.median(samples)
 
     step_s, verify_s = timed(1), timed(k + 1)

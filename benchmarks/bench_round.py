@@ -3,7 +3,7 @@
 What batching can gain in the decode phase alone, apart from prefill, a run's draining
 tail, logging and host work: the fixed-shape calls of one round of the batched engine
 (``BatchedEngine._round``: a ``[B, 2]`` draft call feeding what each row's draft cache
-lacks, ``K - 1`` ``[B, 1]`` draft steps, one ``[B, K + 1]`` verify pass; ``_step``: one
+lacks, ``K - 1`` ``[B, 1]`` draft steps, one ``[B, K + 1]`` verify pass; with K = 0 one
 ``[B, 1]`` target pass), each followed by its softmax, on FastLM's static caches with
 every row at position ``--context``. The gain at batch B is ``B · t(1) / t(B)``: rows
 served per second against one-row calls, which is the decode phase's tokens/s ratio when

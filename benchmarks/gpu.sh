@@ -5,15 +5,17 @@
 # 32 heads over 4 K/V heads, V 32000; a 1-layer draft from its first layer, ~0.2B) and, in
 # order of what the GPU run must not miss:
 #   1. the CUDA tests: FastLM against transformers per row (fp32 and bf16, grouped-query
-#      attention), the batched engine against the one-request engine (fp32, with graph
-#      replay), graph replay against eager, the one-request engine against generate;
+#      attention), the engine through FastLM against one request at a time through
+#      transformers' own caches (fp32, with graph replay), graph replay against eager, one
+#      request at a time against generate;
 #   2. one target pass against the memory-bandwidth bound (bench_decoder --roofline-only);
 #   3. the batched engine (bench_batched): batch 1 and 8 for target-only, greedy
 #      speculative and nucleus T = 1, each eager and with CUDA graphs; logging on/off at
 #      batch 8;
 #   4. batch 64 target-only, eager and with CUDA graphs;
 #   5. transformers' static-cache generate at batch 1 and 64, eager and compiled;
-#   6. the one-request engine's ratios against transformers (bench_decoder, short).
+#   6. one request at a time (the engine at batch 1) against transformers (bench_decoder,
+#      short).
 # NEW (32) new tokens per request. Every step has its own timeout (cap), and all share one
 # deadline, BUDGET seconds (300) from the start: the issue's five minutes, leaving a lent
 # session's 15 device minutes room for a machine start and a rerun. The benchmarks rewrite
@@ -98,7 +100,7 @@ failed=""
 # 1. correctness first: nothing below means anything if these fail
 if "$PYBIN" -c 'import pytest' >/dev/null 2>&1; then
   step "CUDA tests" 75 "$PYBIN" -m pytest -q -p no:cacheprovider -o addopts="-ra" \
-    tests/collect/test_fastmodel.py tests/collect/test_batched.py tests/collect/test_graphs.py tests/collect/test_decoder.py \
+    tests/collect/test_fastmodel.py tests/collect/test_batched.py tests/collect/test_graphs.py tests/collect/test_decoder.py tests/collect/test_pair.py \
     -k "cuda or load_pair"
 fi
 # 2. one target pass against the bandwidth bound
@@ -117,8 +119,8 @@ step "batched engine, batch 64" 45 "$PYBIN" benchmarks/bench_batched.py "${PAIR[
 step "transformers static-cache generate" 100 "$PYBIN" benchmarks/bench_batched.py \
   "${PAIR[@]}" --prompts 8 --max-new-tokens "$NEW" --modes "" --log-overhead 0 \
   --hf-static 1,64 --json "$OUT/hf_gpu.json"
-# 6. with what is left: the one-request engine against transformers (assisted and plain)
-step "one-request engine" 60 "$PYBIN" benchmarks/bench_decoder.py "${PAIR[@]}" \
+# 6. with what is left: one request at a time against transformers (assisted and plain)
+step "one request at a time" 60 "$PYBIN" benchmarks/bench_decoder.py "${PAIR[@]}" \
   --prompts 2 --max-new-tokens "$NEW" --repeats 1 --json "$OUT/bench_gpu.json"
 echo -e "\ngpu.sh: done at ${SECONDS} s; first failure: ${failed:-none}" | tee -a "$SUMMARY"
 [ -z "$failed" ]

@@ -300,7 +300,10 @@ def engine_line(engine: dict[str, Any]) -> str:
             f"KV cache {engine['kv_cache_bytes'] / 2**20:.1f} MiB "
             f"(max_seq_len {engine['max_seq_len']})"
         )
-    return f"engine: generic transformers, batch 1 ({engine.get('reason')})"
+    return (
+        f"engine: batched over transformers' own caches, batch {engine.get('batch_size')} "
+        f"({engine.get('reason')})"
+    )
 
 
 def summary_line(run_dir: Any) -> str:

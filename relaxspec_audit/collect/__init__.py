@@ -1,4 +1,4 @@
-"""The collect stage: run config → model pair → decode loops → batched log rows → run folder.
+"""The collect stage: run config → model pair → the decode engine → log rows → run folder.
 
 Modules, one idea each:
 
@@ -6,8 +6,11 @@ Modules, one idea each:
 - ``logs``: the versioned log schema, the atomic resumable run writer and the reader.
 - ``pair``: loading and checking a target + draft pair, prompt encoding.
 - ``sampling``: the sampling transform shared by p and q, the request's coupled uniforms.
-- ``kvcache``: forward passes with a transformers KV cache (prefill, forward, crop).
-- ``engine``: the speculative round loop and the target-only baseline loop.
+- ``adapter``: the model adapter the engine calls (FastLM's static caches, or
+  transformers' own caches for any causal LM), chosen once per pair.
+- ``fastmodel``: FastLM, a Llama-family forward over static caches at per-row positions.
+- ``round``: the pieces of one decode round (draft, verify, decide, the one host copy).
+- ``batched``: the engine: B rows per pass, continuous batching, ``decode_request``.
 - ``roundlog``: the per-position and per-round rows, computed in batches off the hot loop.
 - ``run``: :func:`collect`, the driver that writes one run folder.
 
@@ -39,7 +42,7 @@ _PUBLIC = {
     "load_pair": "pair",
     "make_pair": "pair",
     "transform_logits": "sampling",
-    "decode_request": "engine",
+    "decode_request": "batched",
     "collect": "run",
 }
 

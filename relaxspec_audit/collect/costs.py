@@ -74,7 +74,9 @@ class CostTable:
         target_step_s: seconds of one ``[B, 1]`` target call.
         measured: how: ``reps``, ``warmup``, ``iqr_s`` per kind, ``torch_threads``,
             ``cpu_count``, ``load_avg_before`` / ``load_avg_after``, ``engine``
-            (``static`` / ``generic``), ``max_seq_len``, ``calibrated_at``, ``elapsed_s``.
+            (the model adapter: ``static`` / ``transformers``; ``generic`` in tables of the
+            one-request engine that came before), ``max_seq_len``, ``calibrated_at``,
+            ``elapsed_s``.
     """
 
     target: Mapping[str, Any]
@@ -316,11 +318,12 @@ def calibrate(
 ) -> CostTable:
     """Measure one table: the three kinds of call interleaved rep by rep.
 
-    The batched engine's own forward (``FastLM`` over a static cache of ``max_seq_len``
-    positions) when the pair is Llama-family, else transformers' forward with a
-    ``DynamicCache`` (cropped back after each call, as the one-request engine does). Every
-    call runs at positions in the middle of the cache (a ``max_seq_len // 2``-token context
-    is prefilled first). On CUDA each call is bracketed by ``torch.cuda.synchronize``.
+    Through the engine's own model adapter (``adapter.choose_adapter``): ``FastLM`` over a
+    static cache of ``max_seq_len`` positions when the pair is Llama-family, else
+    transformers' forward over one ``DynamicCache`` per row (cropped back before each call,
+    as the engine rolls back). Every call runs at positions in the middle of the cache (a
+    ``max_seq_len // 2``-token context is prefilled first). On CUDA each call is bracketed
+    by ``torch.cuda.synchronize``.
 
     Args:
         pair: a loaded :class:`~relaxspec_audit.collect.pair.Pair`.
@@ -340,7 +343,7 @@ def calibrate(
 
     import torch
 
-    from relaxspec_audit.collect.batched import fast_path_reason
+    from relaxspec_audit.collect.adapter import choose_adapter
 
     checks = (("k", k, 0), ("batch_size", batch_size, 1), ("reps", reps, 1),
               ("warmup", warmup, 0), ("max_seq_len", max_seq_len, 8))  # fmt: skip
@@ -352,10 +355,8 @@ def calibrate(
                              f"{k + 1}-token verify pass after its context")  # fmt: skip
     dev = pair.device
     load_before = _load_avg()
-    generic_reason = fast_path_reason(pair)
-    calls = (_static_calls if generic_reason is None else _generic_calls)(
-        pair, k, batch_size, max_seq_len
-    )
+    adapter = choose_adapter(pair)
+    calls = _calls(pair, adapter, k, batch_size, max_seq_len)
 
     def sync() -> None:
         if dev.type == "cuda":
@@ -392,7 +393,7 @@ def calibrate(
         "warmup": warmup,
         "statistic": "median",
         "iqr_s": iqr,
-        "engine": "static" if generic_reason is None else "generic",
+        "engine": adapter.kind,
         "max_seq_len": max_seq_len,
         "context": max_seq_len // 2,
         "torch_threads": torch.get_num_threads(),
@@ -428,11 +429,14 @@ def _load_avg() -> list[float] | None:
         return None
 
 
-def _static_calls(pair: Any, k: int, b: int, s_max: int) -> dict[str, Any]:
-    """The three calls over ``FastLM`` static caches, after a prefilled context."""
-    import torch
+def _calls(pair: Any, adapter: Any, k: int, b: int, s_max: int) -> dict[str, Any]:
+    """The three calls through the engine's model adapter, after a prefilled context.
 
-    from relaxspec_audit.collect.fastmodel import FastLM
+    Every call runs at positions ``ctx ..`` of a ``ctx = s_max // 2`` context, so each sees
+    the same length (the static cache overwrites the slots; transformers' caches are
+    cropped back to the context before each call, as the engine rolls back).
+    """
+    import torch
 
     dev, ctx = pair.device, s_max // 2
     gen = torch.Generator().manual_seed(0)
@@ -441,64 +445,26 @@ def _static_calls(pair: Any, k: int, b: int, s_max: int) -> dict[str, Any]:
     def ids(t: int) -> torch.Tensor:
         return torch.randint(0, v, (b, t), generator=gen).to(dev)  # [B, T]
 
-    def pos(start: int, t: int) -> torch.Tensor:
-        return (start + torch.arange(t)).expand(b, t).contiguous().to(dev)  # [B, T]
+    def pos(start: int, t: int, lm: Any) -> torch.Tensor:
+        return (start + torch.arange(t)).expand(b, t).contiguous().to(lm.pos_device)  # [B, T]
 
-    models = {"target": pair.target, "draft": pair.draft if k else None}
-    fast = {}
-    with torch.inference_mode():
-        for role, model in models.items():
-            if model is None:
-                continue
-            lm = FastLM.from_hf(model)
-            lm.setup_cache(b, s_max)
-            lm(ids(ctx), pos(0, ctx), keep=1)  # the context every timed call attends to
-            fast[role] = lm
-    one, block = (ids(1), pos(ctx, 1)), (ids(k + 1), pos(ctx, k + 1))
-    # The engine reads logits as float over V columns; the argmax forces the whole call.
-    calls = {"target_step_s": lambda: fast["target"](*one)[..., :v].float().argmax(-1)}
-    if k:
-        calls["verify_s"] = lambda: fast["target"](*block)[..., :v].float().argmax(-1)
-        if "draft" in fast:
-            calls["draft_step_s"] = lambda: fast["draft"](*one, keep=1)[..., :v].float().argmax(-1)
-    return calls
-
-
-def _generic_calls(pair: Any, k: int, b: int, s_max: int) -> dict[str, Any]:
-    """The three calls over transformers' forward with a DynamicCache, cropped back after."""
-    import torch
-
-    from relaxspec_audit.collect.kvcache import _crop, _forward, _new_cache
-
-    dev, ctx = pair.device, s_max // 2
-    gen = torch.Generator().manual_seed(0)
-    v = pair.vocab_size
-
-    def ids(t: int) -> torch.Tensor:
-        return torch.randint(0, v, (b, t), generator=gen).to(dev)  # [B, T]
-
-    caches = {}
+    lms = {}
     with torch.inference_mode():
         for role, model in (("target", pair.target), ("draft", pair.draft if k else None)):
             if model is not None:
-                cache = _new_cache(model)
-                _forward(model, ids(ctx), cache, keep=1)
-                caches[role] = (model, cache)
+                lm = lms[role] = adapter.wrap(model)
+                lm.setup_cache(b, s_max)
+                lm(ids(ctx), pos(0, ctx, lm), keep=1)  # the context every timed call attends to
 
-    def call(role: str, t: int) -> Any:
-        model, cache = caches[role]
-        x = ids(t)
-
-        def run() -> Any:
-            out = _forward(model, x, cache, keep=t)[..., :v].float().argmax(-1)
-            _crop(cache, ctx)  # back to the context: every call sees the same length
-            return out
-
-        return run
+    def call(role: str, t: int, keep: int | None = None) -> Any:
+        lm = lms[role]
+        x, at = ids(t), pos(ctx, t, lm)
+        # The engine reads logits as float over V columns; the argmax forces the whole call.
+        return lambda: lm(x, at, keep=keep)[..., :v].float().argmax(-1)
 
     calls = {"target_step_s": call("target", 1)}
     if k:
         calls["verify_s"] = call("target", k + 1)
-        if "draft" in caches:
-            calls["draft_step_s"] = call("draft", 1)
+        if "draft" in lms:
+            calls["draft_step_s"] = call("draft", 1, keep=1)
     return calls

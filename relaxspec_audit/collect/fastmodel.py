@@ -6,8 +6,8 @@ different number of drafts (ragged acceptance), so every row sits at its own pos
 ``ids[b, t]`` at position ``input_pos[b, t]`` of row ``b``, writes its K/V there, and lets
 it attend to the row's cache positions ``<= input_pos[b, t]``. It shares (never copies)
 the parameters of an already-loaded transformers Llama, Qwen2 or Mistral model
-(:func:`supports` says whether one can be served; the caller falls back to the generic
-``transformers`` path otherwise and records which path ran).
+(:func:`supports` says whether one can be served; otherwise the engine decodes through
+transformers' own caches, ``collect.adapter.CacheLM``, and records why).
 
 After gpt-fast's ``model.py`` (pytorch-labs/gpt-fast): a static ``[B, H_kv, S_max, D]``
 cache written in place, the mask derived from the positions tensor, shapes that never
@@ -44,7 +44,7 @@ shapes for a fixed ``(B, T, kv_len)``. Inference only: ``forward`` runs under ``
 (the cache is written in place and must not keep an autograd graph between calls).
 
 Unlike the rest of the package this module imports torch at the top (it defines a
-``torch.nn.Module``); only the batched engine imports it.
+``torch.nn.Module``); only the model adapter (``collect.adapter``) imports it.
 """
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ def supports(model: Any) -> str | None:
         model: a transformers ``*ForCausalLM``.
 
     Returns:
-        None if it can; otherwise a short reason (why not), for the caller to record when
-        it falls back to the generic transformers path.
+        None if it can; otherwise a short reason (why not), recorded when the engine
+        decodes through transformers' own caches instead (``collect.adapter``).
     """
     config = model.config
     kind = getattr(config, "model_type", None)
@@ -229,6 +229,11 @@ class FastLM(nn.Module):
         if reason is not None:
             raise ValueError(f"FastLM cannot serve this model: {reason}")
         return cls(model)
+
+    @property
+    def pos_device(self) -> torch.device:
+        """Where calls read ``input_pos`` and ``rows``: the weights' device (no host sync)."""
+        return self.embed.device
 
     @property
     def scratch(self) -> int:

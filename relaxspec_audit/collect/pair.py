@@ -117,7 +117,8 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return getattr(torch, dtype)
 
 
-def _logit_size(model: Any) -> int:
+def logit_size(model: Any) -> int:
+    """The number of logit columns a causal LM returns (its output embedding's rows)."""
     head = model.get_output_embeddings()
     if head is not None and getattr(head, "weight", None) is not None:
         return int(head.weight.shape[0])
@@ -131,7 +132,7 @@ def _model_info(model: Any, source: str | None) -> dict[str, Any]:
         "path": source or getattr(cfg, "_name_or_path", None),
         "class": type(model).__name__,
         "model_type": getattr(cfg, "model_type", None),
-        "vocab_size": _logit_size(model),
+        "vocab_size": logit_size(model),
         "n_params": int(sum(t.numel() for t in model.parameters())),
         "config_sha256": hashlib.sha256(cfg_json.encode()).hexdigest(),
         "revision": getattr(cfg, "_commit_hash", None),
@@ -243,10 +244,10 @@ def make_pair(
     notes: list[str] = []
     if draft is not None and tokenizer is not None and draft_tokenizer is not None:
         notes = compare_tokenizers(tokenizer, draft_tokenizer)
-    v_target = _logit_size(target)
+    v_target = logit_size(target)
     vocab = v_target
     if draft is not None:
-        v_draft = _logit_size(draft)
+        v_draft = logit_size(draft)
         if v_draft != v_target:
             n_tok = len(tokenizer) if tokenizer is not None else None
             if n_tok is None or n_tok > min(v_target, v_draft):
@@ -484,8 +485,13 @@ def check_prompts_fit(
     """:func:`check_prompt_fits` for every ``(item_id, prompt_ids)``, before any decoding.
 
     ``k`` is the run's K (0 for target-only decoding).
+
+    Raises:
+        DecodeError: an empty prompt, or one too long (:func:`check_prompt_fits`), named.
     """
     for item_id, ids in requests:
+        if not ids:
+            raise DecodeError(f"item {item_id}: empty prompt (no token ids)")
         check_prompt_fits(pair, item_id, len(ids), max_new_tokens + k + 1)
 
 

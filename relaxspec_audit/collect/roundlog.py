@@ -67,14 +67,6 @@ class RoundTensors(NamedTuple):
     decisions: list[torch.Tensor]  # _RULE_KEYS of the rule's BlockResult.diag, each [k_r]
 
     @classmethod
-    def of(
-        cls, p: torch.Tensor, q: torch.Tensor, z: torch.Tensor, drafts: torch.Tensor, res: Any
-    ) -> RoundTensors:
-        """The round's tensors from its batch-of-one block (row 0) and ``rules.BlockResult``."""
-        decisions = [res.diag[key][0] for key in _RULE_KEYS]  # each [k_r]
-        return cls(p[0], q[0], z[0], drafts[0], res.token, decisions)
-
-    @classmethod
     def of_row(
         cls,
         p: torch.Tensor,
@@ -230,10 +222,11 @@ class _RoundLog:
     """Position rows of one speculative request, computed off the per-round path.
 
     A round only hands over references to its device tensors (:class:`RoundTensors`) and
-    the host values it already has (:class:`RoundOutcome`). Every ``n_flush`` rounds (and
-    at the end) one ``rules.token_stats`` over all pending drafts and emitted tokens and one
-    ``E_S`` grid run (:func:`es_grid_topm`) go to the host; the host rows of every round are
-    then built with numpy in one pass (:meth:`columns`).
+    the host values it already has (:class:`RoundOutcome`). Once ``n_flush`` rounds are
+    pending (and at the end) one ``rules.token_stats`` over all pending drafts and emitted
+    tokens and one ``E_S`` grid run (:func:`es_grid_topm`) go to the host, for every row of
+    the batch together (:func:`flush_together`); the host rows of every round are then
+    built with numpy in one pass (:meth:`columns`).
     """
 
     def __init__(
@@ -244,16 +237,14 @@ class _RoundLog:
         grid: list[float],
         u_all: np.ndarray,
         share: int = 1,
-        auto_flush: bool = True,
     ):
         self.k, self.theta, self.grid = k, theta, grid
         self.u_all = u_all  # [3, N+K+1] the request's uniforms (draft, accept, sample)
         # `share` logs hold views of one batched round's tensors: split the budget among them.
         budget = _FLUSH_FLOATS // max(1, share)
+        # Due every n_flush rounds; the engine then flushes all its rows' logs together
+        # (flush_together): one token_stats, one E_S grid and one host copy for the batch.
         self.n_flush = max(1, min(_FLUSH_MAX_ROUNDS, budget // ((3 * k + 2) * v)))
-        # A batched engine flushes all its rows' logs together (flush_together): one
-        # token_stats, one E_S grid and one host copy for the batch, not one per row.
-        self.auto_flush = auto_flush
         self.pending: list[RoundTensors] = []  # rounds not yet flushed, padded to K
         self.rounds: list[RoundOutcome] = []  # every round, drafts padded to K
         self.k_r: list[int] = []  # drafts made per round
@@ -281,8 +272,6 @@ class _RoundLog:
         self.pending.append(tensors)
         self.rounds.append(outcome)
         self.k_r.append(k_r)
-        if self.auto_flush and len(self.pending) >= self.n_flush:
-            self._flush()
 
     def _flush(self) -> None:
         flush_together([self])

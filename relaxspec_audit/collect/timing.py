@@ -123,12 +123,7 @@ def timing_pass(
     """
     import torch
 
-    from relaxspec_audit.collect.batched import (
-        BatchedEngine,
-        fast_path_reason,
-        resolve_batch_size,
-    )
-    from relaxspec_audit.collect.engine import decode_request
+    from relaxspec_audit.collect.batched import open_engine, resolve_batch_size
 
     if not configs:
         raise ValueError("configs: need at least one (the reference) to time")
@@ -144,25 +139,21 @@ def timing_pass(
         if c.rule != TARGET_ONLY and pair.draft is None:
             raise ValueError(f"configs: rule {c.rule!r} needs a draft; the pair has none")
     dev = pair.device
-    reason = fast_path_reason(pair)
-    b = resolve_batch_size(batch_size, dev, len(requests)) if reason is None else 1
-    max_prompt = max(len(ids) for _, ids in requests)
+    requests = list(requests)
+    # One batch size for every config (not each config's own): the pass compares rules.
+    b = resolve_batch_size(batch_size, dev, len(requests))
+    kinds: set[str] = set()  # the model adapter every decode went through (one per pair)
 
     def sync() -> None:
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
 
     def decode(config: RunConfig) -> tuple[float, int, str]:
-        if reason is None:
-            engine = BatchedEngine(pair, config, b, max_prompt, stops)  # untimed: allocation
-            sync()
-            t0 = time.perf_counter()
-            rows = list(engine.run(requests, timing=False))
-        else:
-            sync()
-            t0 = time.perf_counter()
-            rows = [decode_request(pair, ids, config, rid, timing=False, stops=stops)
-                    for rid, ids in requests]  # fmt: skip
+        engine = open_engine(pair, config, requests, stops, b)  # untimed: allocation
+        kinds.add(engine.adapter.kind)
+        sync()
+        t0 = time.perf_counter()
+        rows = list(engine.run(requests, timing=False))
         sync()
         seconds = time.perf_counter() - t0
         return seconds, sum(int(r.request["n_tokens"]) for r in rows), _outputs_sha(rows)
@@ -198,7 +189,7 @@ def timing_pass(
         "tokens": tokens,
         "outputs": outputs,
         "slot": slot,
-        "engine": "static" if reason is None else "generic",
+        "engine": kinds.pop(),
         "batch_size": b,
         "machine": _machine(pair),
         "load_avg_before": load_before,

@@ -1,8 +1,10 @@
-"""The batched engine (project issue 12): B requests per target pass, logs as batch 1.
+"""The engine (project issues 12, 28): B requests per target pass through either model adapter.
 
 The contract (THEORY §4, "Batching"): what a request draws does not depend on its
 batch-mates (keyed uniforms), but float results do (a row's matmul differs between 1, 2
-and ≥ 5 rows). So a request's log at batch size B agrees with its one-request log in float
+and ≥ 5 rows), and so do they between the two model adapters (FastLM's static caches and
+transformers' own forward over its caches). So a request's log at batch size B through
+either adapter agrees with its one-request log through transformers' own forward in float
 columns within a tolerance, and in discrete columns and output ids up to the first
 near-tie: a position whose decision margin is below that tolerance. Every first
 difference must sit at a flagged near-tie.
@@ -18,9 +20,9 @@ import torch
 from scipy import stats
 
 from relaxspec_audit import collect, tasks
-from relaxspec_audit.collect import batched
+from relaxspec_audit.collect import adapter, batched, fastmodel
+from relaxspec_audit.collect.batched import decode_request
 from relaxspec_audit.collect.config import EMBEDDED_DIR, RunConfig
-from relaxspec_audit.collect.engine import decode_request
 from relaxspec_audit.collect.pair import DecodeError
 from relaxspec_audit.collect.stops import StopStrings
 from relaxspec_audit.verify.registry import RULES
@@ -36,6 +38,10 @@ LOGIT_COLS = ("regret", "logp_target", "entropy_p", "entropy_q")
 DISCRETE_POS = ("kind", "token", "target_argmax", "rank", "passed_ratio", "in_nucleus",
                 "accepted", "cause", "round", "pos", "abs_pos")  # fmt: skip
 DISCRETE_ROUNDS = ("round", "start_pos", "k", "accepted", "emitted")
+#: The transformers-cache adapter, forced on a Llama pair that FastLM could serve.
+HF = adapter.Adapter(adapter.TRANSFORMERS)
+#: The adapters a pair's engine can run: its own choice (FastLM here), and HF.
+ADAPTERS = {"static": None, "transformers": HF}
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +58,12 @@ def _cfg(rule: str, **kw) -> RunConfig:
     temperature = 0.0 if rule == "target" or RULES.get(rule, RULES["greedy"]).greedy_only else 1.0
     base = dict(rule=rule, k=4, max_new_tokens=20, device="cpu", temperature=temperature)
     return RunConfig(**{**base, **kw})
+
+
+def one_by_one(pair, reqs, config: RunConfig, stops=None) -> dict:
+    """The reference logs: one request at a time through transformers' own forward."""
+    return {rid: decode_request(pair, ids, config, rid, stops=stops, adapter=HF)
+            for rid, ids in reqs}  # fmt: skip
 
 
 def _float(values) -> np.ndarray:
@@ -149,53 +161,59 @@ SETTINGS = [
 
 @pytest.mark.parametrize("rule, params", SETTINGS, ids=[s[0] for s in SETTINGS])
 def test_batched_logs_equal_one_request_logs_up_to_near_ties(pair, rule, params):
-    """Every rule, batch sizes 1, 2, 5 and 16, 12 requests: rows end at different times (EOS
-    at different lengths, the length limit) and slots are refilled mid-batch (B < 12)."""
+    """Every rule (the ASD ledger too), 12 requests: FastLM at batch sizes 1, 2, 5 and 16, and
+    the transformers-cache adapter at batch 5, against the one-request logs through
+    transformers' own forward. Rows end at different times (EOS at different lengths, the
+    length limit) and slots are refilled mid-batch (B < 12), their caches with them."""
     config = _cfg(rule, params=params)
     reqs = _requests(pair, "arith", 8) + _requests(pair, "story", 4)  # story hits the limit
-    one = {rid: decode_request(pair, ids, config, rid) for rid, ids in reqs}
+    one = one_by_one(pair, reqs, config)
     assert {r.request["stop"] for r in one.values()} == {"eos", "length"}
-    for b in (1, 2, 5, 16):
-        many = {r.request_id: r for r in batched.decode_batched(pair, reqs, config, b)}
+    for b, via in ((1, None), (2, None), (5, None), (16, None), (5, HF)):
+        many = {r.request_id: r for r in batched.decode_batched(pair, reqs, config, b,
+                                                                adapter=via)}  # fmt: skip
         assert set(many) == set(one)
         for rid in one:
             assert_same_up_to_near_tie(one[rid], many[rid], config)
 
 
+@pytest.mark.parametrize("via", ADAPTERS)
 @pytest.mark.parametrize(
     "rule, params", [("exact", {}), ("asd", {"budget": 0.25}), ("target", {})], ids=str
 )
 def test_a_draining_batch_narrows_and_its_rows_keep_their_caches_and_ledgers(
-    pair, monkeypatch, rule, params
+    pair, monkeypatch, rule, params, via
 ):
     """After the last request, the batch halves while at most half its rows are live: the
     live rows beyond the new width move (K/V of both models, the ASD ledger) into free
-    rows. Their logs stay one-request logs up to near-ties; a row that moved without its
-    cache would attend to another request's keys, one without its ledger would log a wrong
-    ``spent`` (B = 0.25 binds on arith) and decide other exceptions."""
+    rows, through either adapter. Their logs stay one-request logs up to near-ties; a row
+    that moved without its cache would attend to another request's keys, one without its
+    ledger would log a wrong ``spent`` (B = 0.25 binds on arith) and decide other
+    exceptions."""
     config = _cfg(rule, params=params)
     reqs = _requests(pair, "arith", 8) + _requests(pair, "story", 4)
     moves: list[list[int]] = []
-    move_rows = batched.FastLM.move_rows
+    lm = fastmodel.FastLM if via == "static" else adapter.CacheLM
+    move_rows = lm.move_rows
 
     def spy(self, src, dst):
         moves.append(list(src))
         move_rows(self, src, dst)
 
-    monkeypatch.setattr(batched.FastLM, "move_rows", spy)
-    engine = batched.BatchedEngine(pair, config, 8, max(len(ids) for _, ids in reqs))
+    monkeypatch.setattr(lm, "move_rows", spy)
+    longest = max(len(ids) for _, ids in reqs)
+    engine = batched.BatchedEngine(pair, config, 8, longest, adapter=ADAPTERS[via])
     many = {r.request_id: r for r in engine.run(reqs)}
     widths = [8, *engine.widths]
     assert len(widths) > 2 and widths == sorted(set(widths), reverse=True), widths
     assert any(moves), moves  # some live row sat beyond a new width
-    one = {rid: decode_request(pair, ids, config, rid) for rid, ids in reqs}
+    one = one_by_one(pair, reqs, config)
     if rule == "asd":  # the ledger bound somewhere: a lost one would show
         assert any(c == "reject_budget" for r in one.values() for c in r.positions["cause"])
     for rid in one:
         assert_same_up_to_near_tie(one[rid], many[rid], config)
-    wide = {
-        r.request_id: r for r in batched.BatchedEngine(pair, config, 8, 64, narrow=False).run(reqs)
-    }
+    unnarrowed = batched.BatchedEngine(pair, config, 8, 64, narrow=False, adapter=ADAPTERS[via])
+    wide = {r.request_id: r for r in unnarrowed.run(reqs)}
     assert {rid: r.request["output_ids"] for rid, r in wide.items()} == {
         rid: r.request["output_ids"] for rid, r in many.items()
     }
@@ -223,7 +241,7 @@ def test_cuda_batched_logs_equal_one_request_logs_up_to_near_ties(which, request
         reqs = [(f"r{i}", torch.randint(3, 60, (3 + i,), generator=gen).tolist()) for i in range(9)]
     for rule in ("greedy", "exact"):
         config = _cfg(rule, device="cuda")
-        one = {rid: decode_request(cuda, ids, config, rid) for rid, ids in reqs}
+        one = one_by_one(cuda, reqs, config)
         longest = max(len(ids) for _, ids in reqs)
         engine = batched.BatchedEngine(cuda, config, 5, longest)
         many = {r.request_id: r for r in engine.run(reqs)}
@@ -248,14 +266,14 @@ def test_calls_attend_a_window_that_covers_every_position_they_feed(
     config = _cfg(rule, params=params)
     reqs = _requests(pair, "arith", 8) + _requests(pair, "story", 4)
     calls: list[tuple[int | None, int]] = []  # (kv_len, furthest real position)
-    forward = batched.FastLM.forward
+    forward = fastmodel.FastLM.forward
 
     def spy(self, ids, input_pos, rows=None, keep=None, kv_len=None):
         real = input_pos[input_pos < self.scratch]
         calls.append((kv_len, int(real.max()) if real.numel() else -1))
         return forward(self, ids, input_pos, rows=rows, keep=keep, kv_len=kv_len)
 
-    monkeypatch.setattr(batched.FastLM, "forward", spy)
+    monkeypatch.setattr(fastmodel.FastLM, "forward", spy)
     engine = batched.BatchedEngine(pair, config, 5, max(len(ids) for _, ids in reqs))
     engine.kv_block = 8
     many = {r.request_id: r for r in engine.run(reqs)}
@@ -267,18 +285,20 @@ def test_calls_attend_a_window_that_covers_every_position_they_feed(
         and all(w % 8 == 0 or w == engine.s_max for w in windows)
     )
     monkeypatch.undo()
-    one = {rid: decode_request(pair, ids, config, rid) for rid, ids in reqs}
+    one = one_by_one(pair, reqs, config)
     for rid in one:
         assert_same_up_to_near_tie(one[rid], many[rid], config)
 
 
-def test_an_engine_serves_run_after_run_alike(pair):
+@pytest.mark.parametrize("via", ADAPTERS)
+def test_an_engine_serves_run_after_run_alike(pair, via):
     """One engine, its caches kept, decodes the same requests twice to the same logs: the
     rule state (ASD ledgers, narrowed to the last run's width) starts afresh each run, and
     stale K/V of the previous run is never attended (benchmarks time a reused engine)."""
     config = _cfg("asd", params={"budget": 0.25})
     reqs = _requests(pair, "arith", 8) + _requests(pair, "story", 4)
-    engine = batched.BatchedEngine(pair, config, 8, max(len(ids) for _, ids in reqs))
+    longest = max(len(ids) for _, ids in reqs)
+    engine = batched.BatchedEngine(pair, config, 8, longest, adapter=ADAPTERS[via])
     first = {r.request_id: r for r in engine.run(reqs)}
     widths = list(engine.widths)
     second = {r.request_id: r for r in engine.run(reqs)}
@@ -295,19 +315,24 @@ def test_sampling_mode_greedy_rules_and_temperature(pair):
     """Sampling at temperature 0.7 with top-p (the transform both models share)."""
     config = _cfg("nucleus", params={"theta": 0.9}, temperature=0.7, top_p=0.95)
     reqs = _requests(pair, "story", 6)
-    one = {rid: decode_request(pair, ids, config, rid) for rid, ids in reqs}
-    many = {r.request_id: r for r in batched.decode_batched(pair, reqs, config, 4)}
-    for rid in one:
-        assert_same_up_to_near_tie(one[rid], many[rid], config)
+    one = one_by_one(pair, reqs, config)
+    for via in ADAPTERS.values():
+        many = {r.request_id: r for r in batched.decode_batched(pair, reqs, config, 4,
+                                                                adapter=via)}  # fmt: skip
+        for rid in one:
+            assert_same_up_to_near_tie(one[rid], many[rid], config)
 
 
+@pytest.mark.parametrize("via", ADAPTERS)
 @pytest.mark.parametrize("rule, params", [("greedy", {}), ("asd", {"budget": 0.0})])
-def test_greedy_batched_equals_generate_per_row(pair, rule, params):
+def test_greedy_batched_equals_generate_per_row(pair, rule, params, via):
     """Strict greedy verification at batch 5 is token for token the target's own greedy
-    output (THEORY §2.2), as transformers' ``generate(do_sample=False)`` gives per row."""
+    output (THEORY §2.2), as transformers' ``generate(do_sample=False)`` gives per row,
+    through either adapter."""
     config = _cfg(rule, params=params, max_new_tokens=16)
     reqs = _requests(pair, "arith", 7)
-    many = {r.request_id: r for r in batched.decode_batched(pair, reqs, config, 5)}
+    many = {r.request_id: r for r in batched.decode_batched(pair, reqs, config, 5,
+                                                            adapter=ADAPTERS[via])}  # fmt: skip
     for rid, ids in reqs:
         with torch.no_grad():
             out = pair.target.generate(
@@ -348,19 +373,23 @@ def test_exact_stays_lossless_at_batch_16(pair):
 
 
 def test_stop_strings_end_rows_at_the_completing_token(pair):
-    """A task's stop string ends a row at the token that completes it (kept), as the
-    one-request engine does; the slot is refilled and later rows are unaffected."""
+    """A task's stop string ends a row at the token that completes it (kept), one request
+    at a time and batched through either adapter; the slot is refilled and later rows are
+    unaffected."""
     stops = StopStrings(pair.tokenizer, ["="])  # every arith answer writes "a+b=c"
     config = _cfg("exact")
     reqs = _requests(pair, "arith", 9)
-    one = {rid: decode_request(pair, ids, config, rid, stops=stops) for rid, ids in reqs}
-    many = {r.request_id: r for r in batched.decode_batched(pair, reqs, config, 4, stops=stops)}
-    for rid, rows in one.items():
-        text = pair.tokenizer.decode(rows.request["output_ids"], skip_special_tokens=True)
-        assert rows.request["stop"] == "stop" and text.count("=") == 1, text
-        shorter = pair.tokenizer.decode(rows.request["output_ids"][:-1], skip_special_tokens=True)
-        assert "=" not in shorter
-        assert_same_up_to_near_tie(rows, many[rid], config)
+    one = one_by_one(pair, reqs, config, stops)
+    for via in ADAPTERS.values():
+        rows_b4 = batched.decode_batched(pair, reqs, config, 4, stops=stops, adapter=via)
+        many = {r.request_id: r for r in rows_b4}
+        for rid, rows in one.items():
+            text = pair.tokenizer.decode(rows.request["output_ids"], skip_special_tokens=True)
+            assert rows.request["stop"] == "stop" and text.count("=") == 1, text
+            shorter = pair.tokenizer.decode(rows.request["output_ids"][:-1],
+                                            skip_special_tokens=True)  # fmt: skip
+            assert "=" not in shorter
+            assert_same_up_to_near_tie(rows, many[rid], config)
 
 
 def test_kv_cache_that_cannot_fit_fails_before_decoding(pair, monkeypatch):
@@ -376,6 +405,8 @@ def test_kv_cache_that_cannot_fit_fails_before_decoding(pair, monkeypatch):
         for m in (pair.target, pair.draft)
     )  # fmt: skip
     assert batched.kv_bytes(pair, 4, 64) == want
+    # transformers' caches hold S_max tokens per row (no scratch slot): an estimate
+    assert batched.kv_bytes(pair, 4, 64, adapter=HF) == want * 64 // 65
 
 
 def test_auto_batch_size():
@@ -398,8 +429,9 @@ def test_the_planned_auto_batch_is_the_batch_that_runs(device, limit):
     assert planned_batch_size(config) == runs
 
 
-def test_other_causal_lms_take_the_generic_path_and_the_manifest_says_so(pair, tmp_path):
-    """A GPT-2 pair is served by the one-request transformers path, recorded in the manifest."""
+def test_other_causal_lms_take_the_transformers_adapter_and_the_manifest_says_so(pair, tmp_path):
+    """A GPT-2 pair decodes batched over transformers' own caches, recorded in the manifest
+    with the reason FastLM cannot serve it."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from relaxspec_audit.collect import logs
@@ -408,14 +440,16 @@ def test_other_causal_lms_take_the_generic_path_and_the_manifest_says_so(pair, t
     torch.manual_seed(0)
     gpt2 = collect.make_pair(GPT2LMHeadModel(cfg).eval(), GPT2LMHeadModel(cfg).eval(),
                              pair.tokenizer)  # fmt: skip
-    assert "gpt2" in batched.fast_path_reason(gpt2)
+    assert "gpt2" in adapter.choose_adapter(gpt2).reason
     config = RunConfig(rule="exact", limit=2, max_new_tokens=4, device="cpu", batch_size=8)
     run = collect.collect(config, tmp_path, pair=gpt2)
     engine = logs.read_manifest(run)["engine"]
-    assert engine["engine"] == "generic" and engine["batch_size"] == 1 and engine["reason"]
+    assert engine["engine"] == "transformers" and engine["batch_size"] == 2  # 2 requests
+    assert "target: model_type 'gpt2'" in engine["reason"] and engine["kv_cache_bytes"] > 0
     fast = collect.collect(config, tmp_path / "fast", pair=pair)
     engine = logs.read_manifest(fast)["engine"]
     assert engine["engine"] == "static" and engine["batch_size"] == 2  # 2 requests only
+    assert "reason" not in engine
     assert engine["kv_cache_bytes"] == batched.kv_bytes(pair, 2, engine["max_seq_len"])
     assert engine["narrowing"] is True and engine["cuda_graphs"] is False
 
@@ -448,12 +482,12 @@ def test_a_suspended_or_abandoned_generator_leaves_grad_mode_alone(pair):
 def test_rows_flushed_together_mid_request_log_the_same_rows(pair, monkeypatch, flush_rounds):
     """With a real vocabulary a row's log is due every few rounds; the engine then flushes
     every row together (one token_stats, one E_S grid, one host copy). Forced here on the
-    small pair: the rows equal the one-request engine's, flushed once per request."""
+    small pair: the rows equal the one-request logs, flushed once per request."""
     from relaxspec_audit.collect import roundlog
 
     config = _cfg("nucleus", params={"theta": 0.9})
     reqs = _requests(pair, "story", 6)
-    one = {rid: decode_request(pair, ids, config, rid) for rid, ids in reqs}
+    one = one_by_one(pair, reqs, config)
     calls = []
     monkeypatch.setattr(roundlog, "_FLUSH_MAX_ROUNDS", flush_rounds)
     real = roundlog.flush_together

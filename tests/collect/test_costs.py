@@ -82,13 +82,14 @@ def test_save_load_and_find_or_calibrate_reuses(tmp_path, table, pair, monkeypat
     assert costs.find_or_calibrate(tmp_path, pair, 2, 3).id == fresh.id
 
 
-def test_generic_path_and_target_only_pair(pair, monkeypatch):
-    import relaxspec_audit.collect.batched as batched
+def test_transformers_adapter_and_target_only_pair(pair, monkeypatch):
+    from relaxspec_audit.collect import adapter
 
-    monkeypatch.setattr(batched, "fast_path_reason", lambda p: "forced for the test")
-    generic = costs.calibrate(pair, 3, 2, **_FAST)
-    assert generic.measured["engine"] == "generic"
-    assert all(getattr(generic, n) > 0 for n in costs.COST_FIELDS)
+    forced = adapter.Adapter(adapter.TRANSFORMERS, "forced for the test")
+    monkeypatch.setattr(adapter, "choose_adapter", lambda p: forced)
+    via_hf = costs.calibrate(pair, 3, 2, **_FAST)
+    assert via_hf.measured["engine"] == "transformers"
+    assert all(getattr(via_hf, n) > 0 for n in costs.COST_FIELDS)
     monkeypatch.undo()
     alone = collect.load_pair(str(EMBEDDED_DIR / "target"), None, "cpu")
     t = costs.calibrate(alone, 0, 2, **_FAST)

@@ -1,20 +1,14 @@
-"""The logging speculative decoder (collect.py) on tiny random Llama and Qwen2 pairs.
+"""The logging speculative decoder (one request through the engine) on tiny Llama and Qwen2 pairs.
 
 Checks THEORY §1 (rounds, KV-cache rollback), §2.1 (exact is lossless), §2.2/§2.4 (greedy and
 ASD with B = 0 reproduce the target's greedy output), §4 (coupled randomness), and the log
-invariants of DESIGN "Logs" (every emitted token logged once, accepted lengths).
+invariants of DESIGN "Logs" (every emitted token logged once, accepted lengths). Loading a
+pair is test_pair.py's, writing a run folder test_run.py's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -24,10 +18,14 @@ from scipy import stats
 
 from relaxspec_audit import collect
 from relaxspec_audit import verify as rules
-from relaxspec_audit.collect import engine, logs, roundlog
+from relaxspec_audit.collect import adapter, logs, roundlog
+from relaxspec_audit.collect import round as round_
 from relaxspec_audit.collect.config import EMBEDDED_DIR, RunConfig
 
 PROMPTS = ["12+34=", "7*8=?", "abc", "z", "the sum of 5 and 9 is"]
+#: The model adapters a Llama-family pair can decode through: FastLM (its own choice) and
+#: transformers' own forward over its caches (forced).
+ADAPTERS = {"static": None, "transformers": adapter.Adapter(adapter.TRANSFORMERS)}
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -53,18 +51,19 @@ def _generate(model, ids: list[int], n: int, **kw) -> list[int]:
 # ------------------------------------------------------------------ greedy identity (§2.2, §2.4)
 
 
+@pytest.mark.parametrize("via", ADAPTERS)
 @pytest.mark.parametrize(
     "rule, params",
     [("greedy", {}), ("asd", {"budget": 0.0}), ("exact", {}), ("target", {})],
 )
-def test_greedy_matches_generate(tiny_pair, rule, params):
+def test_greedy_matches_generate(tiny_pair, rule, params, via):
     pair = _pair(tiny_pair)
     cfg = _cfg(rule=rule, params=params, temperature=0.0)
     accepted = []
     for i, prompt in enumerate(PROMPTS):
         ids = pair.tokenizer(prompt)["input_ids"]
         ref = _generate(tiny_pair.target, ids, cfg.max_new_tokens)
-        rows = collect.decode_request(pair, ids, cfg, f"r{i}")
+        rows = collect.decode_request(pair, ids, cfg, f"r{i}", adapter=ADAPTERS[via])
         assert rows.request["output_ids"] == ref, (tiny_pair.arch, rule, prompt)
         accepted += rows.rounds["accepted"]
     if rule != "target":
@@ -129,10 +128,9 @@ def test_embedded_pair_greedy_matches_generate():
     reason=f"embedded pair not built ({EMBEDDED_DIR} missing; `make models`)",
 )
 def test_stopping_drafts_at_eos_changes_no_output(monkeypatch):
-    """Drafting stops at a draft EOS (nothing after it can be emitted): outputs, and every
-    row both runs log, equal those of drafting K every round; only not-reached rows after
-    the EOS disappear and fewer drafts are made. The per-round check (CUDA) and the
-    per-step check (CPU) give identical logs.
+    """A block ends at a draft EOS (nothing after it can be emitted): outputs, and every
+    row both runs log, equal those of blocks of K every round; only not-reached rows after
+    the EOS disappear and the blocks (``rounds.k``) are shorter.
     """
     from relaxspec_audit import tasks
 
@@ -148,9 +146,8 @@ def test_stopping_drafts_at_eos_changes_no_output(monkeypatch):
         ("asd", {"budget": 100.0, "gate": 4.0, "cap": 5}, 0.0),
     ]
     drafted = {}
-    for mode in ("off", "step", "round"):
-        monkeypatch.setattr(engine, "_STOP_DRAFT_AT_EOS", mode != "off")
-        monkeypatch.setattr(engine, "_eos_check_per_step", lambda dev, m=mode: m == "step")
+    for mode in ("off", "on"):
+        monkeypatch.setattr(round_, "_END_BLOCK_AT_DRAFT_EOS", mode != "off")
         frames = {}
         for rule, params, temp in cases:
             cfg = _cfg(rule=rule, params=params, temperature=temp, k=5, max_new_tokens=32)
@@ -165,10 +162,8 @@ def test_stopping_drafts_at_eos_changes_no_output(monkeypatch):
                 )
         drafted[mode] = frames
     for key, (out_off, pos_off, k_off) in drafted["off"].items():
-        out_step, pos_step, k_step = drafted["step"][key]
-        out_round, pos_round, k_round = drafted["round"][key]
-        assert out_step == out_off == out_round, key
-        assert pos_step.equals(pos_round) and k_step == k_round, key
+        out_step, pos_step, k_step = drafted["on"][key]
+        assert out_step == out_off, key
         assert k_step <= k_off, key
         both = pos_off.join(pos_step, on=["round", "pos", "kind"], suffix="_s")
         assert both.height == pos_step.height, key  # every row logged is also logged off
@@ -178,7 +173,7 @@ def test_stopping_drafts_at_eos_changes_no_output(monkeypatch):
         np.testing.assert_allclose(both["p"], both["p_s"], rtol=1e-5, atol=1e-6)
         dropped = pos_off.join(pos_step, on=["round", "pos", "kind"], how="anti")
         assert (dropped["cause"] == "not_reached").all(), key
-    saved = sum(f[2] for f in drafted["off"].values()) - sum(f[2] for f in drafted["step"].values())
+    saved = sum(f[2] for f in drafted["off"].values()) - sum(f[2] for f in drafted["on"].values())
     assert saved > 0
 
 
@@ -448,12 +443,14 @@ def test_logging_off_gives_same_output(tiny_llama_pair):
 # ------------------------------------------------------------------ KV cache crop (§1)
 
 
-def test_kv_crop_matches_no_cache_recompute(tiny_pair):
-    """Logged p and q of every emitted token equal a no-cache forward over the final text."""
+@pytest.mark.parametrize("via", ADAPTERS)
+def test_kv_crop_matches_no_cache_recompute(tiny_pair, via):
+    """Logged p and q of every emitted token equal a no-cache forward over the final text,
+    through either adapter (FastLM's implicit rollback, transformers' caches cropped)."""
     pair = _pair(tiny_pair)
     cfg = _cfg(rule="nucleus", params={"theta": 0.9}, k=4, max_new_tokens=30)
     ids = pair.tokenizer("the sum of 5 and 9 is")["input_ids"]
-    rows = collect.decode_request(pair, ids, cfg, "kv")
+    rows = collect.decode_request(pair, ids, cfg, "kv", adapter=ADAPTERS[via])
     out = rows.request["output_ids"]
     assert len(set(rows.rounds["accepted"])) > 1  # crops of different lengths happened
     seq = torch.tensor([ids + out])
@@ -470,42 +467,6 @@ def test_kv_crop_matches_no_cache_recompute(tiny_pair):
     has_q = df["q"].is_not_null().to_numpy()
     q_ref = q_all[torch.from_numpy(at[has_q]), torch.from_numpy(tok[has_q])].numpy()
     assert np.abs(df["q"].to_numpy()[has_q] - q_ref).max() < 1e-4
-
-
-# ------------------------------------------------------------------ pair loading
-
-
-def test_mismatched_vocab_refused(tiny_tokenizer, tmp_path):
-    from conftest import build_model
-
-    target = build_model("llama", 1, 0, vocab_size=64)
-    small = build_model("llama", 1, 1, vocab_size=40)
-    with pytest.raises(collect.DecodeError, match=r"target has 64 logits, draft has 40"):
-        collect.make_pair(target, small, tiny_tokenizer)
-    # padded embeddings beyond the tokenizer (real Qwen pairs) are fine: V = min
-    padded = build_model("llama", 1, 2, vocab_size=80)
-    assert collect.make_pair(target, padded, tiny_tokenizer).vocab_size == 64
-    with pytest.raises(collect.DecodeError, match="80"):
-        collect.make_pair(target, padded, None)
-    for model, name in ((target, "t"), (small, "d")):
-        model.save_pretrained(tmp_path / name)
-        tiny_tokenizer.save_pretrained(tmp_path / name)
-    with pytest.raises(collect.DecodeError, match="vocabulary mismatch"):
-        collect.load_pair(str(tmp_path / "t"), str(tmp_path / "d"), "cpu", "float32")
-    with pytest.raises(collect.DecodeError, match="no model at"):
-        collect.load_pair(str(tmp_path / "nope"), str(tmp_path / "d"), "cpu", "float32")
-
-
-def test_load_pair_from_disk(tiny_qwen2_pair):
-    pair = collect.load_pair(
-        str(tiny_qwen2_pair.target_dir), str(tiny_qwen2_pair.draft_dir), "auto", "auto"
-    )
-    assert pair.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
-    assert pair.eos_ids == frozenset({2}) and pair.vocab_size == 64
-    # the saved character tokenizer is loaded as saved (not re-mapped to Qwen2's BPE)
-    assert pair.tokenizer("1 a")["input_ids"] == tiny_qwen2_pair.tokenizer("1 a")["input_ids"]
-    info = pair.info
-    assert info["target"]["model_type"] == "qwen2" and len(info["draft"]["config_sha256"]) == 64
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run benchmarks/gpu.sh)")
@@ -543,156 +504,6 @@ def test_transform_logits_topk_topp():
     assert torch.allclose(g, torch.softmax(z, -1))
     hot = collect.transform_logits(z, 2.0)
     assert torch.allclose(hot, torch.softmax(z / 2, -1))
-
-
-# ------------------------------------------------------------------ collect + resume after kill
-
-
-def _task_file(path: Path, n: int) -> Path:
-    with open(path, "w") as fh:
-        for i in range(n):
-            fh.write(json.dumps({"id": f"q{i:02d}", "prompt": f"{i}+{i}=", "reference": 2 * i}))
-            fh.write("\n")
-    return path
-
-
-def _collect_cmd(tiny, task: Path, out: Path, extra=()) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "relaxspec_audit.cli",
-        "collect",
-        "--task",
-        str(task),
-        "--target",
-        str(tiny.target_dir),
-        "--draft",
-        str(tiny.draft_dir),
-        "--rule",
-        "nucleus",
-        "--theta",
-        "0.9",
-        "--k",
-        "3",
-        "--max-new-tokens",
-        "12",
-        "--device",
-        "cpu",
-        "--out",
-        str(out),
-        "--chunk-size",
-        "1",
-        "--no-progress",
-        *extra,
-    ]
-
-
-@pytest.mark.slow
-def test_collect_resume_after_sigkill(tiny_llama_pair, tmp_path):
-    """Killed mid-batch (4 rows in flight, continuous batching): resume loses nothing."""
-    n_items = 10
-    task = _task_file(tmp_path / "mini.jsonl", n_items)
-    out = tmp_path / "runs"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        _collect_cmd(tiny_llama_pair, task, out, ("--batch-size", "4")),
-        env=env,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    committed: set[str] = set()
-    deadline = time.time() + 120
-    try:
-        while time.time() < deadline and proc.poll() is None:
-            runs = list(out.glob("task=*/rule=*/run=*"))
-            committed = logs.finished_request_ids(runs[0]) if runs else set()
-            if len(committed) >= 3:
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None, f"finished before the kill: {proc.stderr.read()[-2000:]}"
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait(30)
-    (run_dir,) = out.glob("task=*/rule=*/run=*")
-    before = logs.finished_request_ids(run_dir)
-    assert 3 <= len(before) < n_items
-    assert logs.read_manifest(run_dir)["status"] == "running"  # killed, never finished
-    # resume in a second process
-    res = subprocess.run(
-        _collect_cmd(tiny_llama_pair, task, out, ("--batch-size", "4")),
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert str(run_dir) in res.stdout and "requests 10" in res.stdout
-    req = logs.scan(run_dir, "requests").collect()
-    assert sorted(req["request_id"]) == [f"q{i:02d}" for i in range(n_items)]  # none lost/dup
-    pos = logs.scan(run_dir, "positions").collect()
-    assert pos.select("request_id", "round", "pos", "kind").is_duplicated().sum() == 0
-    man = logs.read_manifest(run_dir)
-    assert man["status"] == "complete" and man["resumed_at"] and man["n_requests"] == n_items
-    # identical to an uninterrupted in-process run (coupled randomness makes it deterministic)
-    cfg = RunConfig(
-        task=str(task),
-        target=str(tiny_llama_pair.target_dir),
-        draft=str(tiny_llama_pair.draft_dir),
-        rule="nucleus",
-        params={"theta": 0.9},
-        k=3,
-        max_new_tokens=12,
-        device="cpu",
-    )
-    assert cfg.run_dir(out) == run_dir  # the CLI built the same config
-    fresh = collect.collect(cfg, tmp_path / "fresh", pair=_pair(tiny_llama_pair))
-    ref = logs.scan(fresh, "requests").collect().sort("request_id")
-    got = req.sort("request_id")
-    assert got["output_sha256"].to_list() == ref["output_sha256"].to_list()
-    emitted = pos.filter((pl.col("kind") != "draft") | pl.col("accepted"))
-    n_logged = emitted.group_by("request_id").agg(pl.len(), pl.col("abs_pos").n_unique())
-    both = got.join(n_logged, on="request_id")
-    assert (both["len"] == both["n_tokens"]).all() and (both["abs_pos"] == both["n_tokens"]).all()
-
-
-def test_collect_in_process_and_summary(tiny_qwen2_pair, tmp_path):
-    from relaxspec_audit._cli.collect import summary_line
-
-    task = _task_file(tmp_path / "mini.jsonl", 4)
-    cfg = RunConfig(
-        task=str(task),
-        target=str(tiny_qwen2_pair.target_dir),
-        draft=str(tiny_qwen2_pair.draft_dir),
-        rule="asd",
-        temperature=0.0,
-        k=3,
-        max_new_tokens=10,
-    )
-    events = []
-    run_dir = collect.collect(cfg, tmp_path, pair=_pair(tiny_qwen2_pair), progress=events.append)
-    assert events[0]["done"] == 0 and events[-1]["done"] == 4 and events[-1]["total"] == 4
-    req = logs.scan(tmp_path, "requests").collect()
-    assert req["split"].is_in(["discovery", "confirmation"]).all()
-    assert req["score"].is_not_null().all()  # numeric references → scored
-    assert req["text"].to_list() == [
-        tiny_qwen2_pair.tokenizer.decode(ids, skip_special_tokens=True)
-        for ids in req["output_ids"].to_list()
-    ]
-    rounds = logs.scan(tmp_path, "rounds").collect()
-    assert rounds["spent"].is_not_null().all() and set(rounds["rule"]) == {"asd"}
-    line = summary_line(run_dir)
-    assert line.startswith("requests 4  tokens ") and "mean tau" in line
-    # a second collect of the same config resumes: nothing to do, nothing duplicated, and
-    # the complete run's manifest (its engine, commit, times) is left as it was written
-    manifest = (run_dir / "manifest.json").read_bytes()
-    collect.collect(cfg, tmp_path, pair=_pair(tiny_qwen2_pair))
-    assert logs.scan(tmp_path, "requests").collect().height == 4
-    assert (run_dir / "manifest.json").read_bytes() == manifest
-    # a complete run made before cost tables existed gains the one it is given, nothing else
-    old = json.loads(manifest)
-    table = old.pop("cost_table", None) or {"id": "t0", "draft_step_s": 1.0}
-    (run_dir / "manifest.json").write_text(json.dumps(old, indent=2, sort_keys=True))
-    collect.collect(cfg, tmp_path, pair=_pair(tiny_qwen2_pair), cost_table=table)
-    assert json.loads((run_dir / "manifest.json").read_text()) == {**old, "cost_table": table}
 
 
 @pytest.mark.parametrize("scale", [0.1, 1.0, 4.0])

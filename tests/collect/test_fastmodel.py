@@ -73,7 +73,7 @@ def hf_model(request):
 
 
 class _Mirror:
-    """A FastLM under test and the sequence each of its rows should now hold."""
+    """A model adapter under test and the sequence each of its rows should now hold."""
 
     def __init__(
         self,
@@ -83,13 +83,15 @@ class _Mirror:
         seed: int = 0,
         rel: float | None = None,
         windowed: bool = False,
+        wrap=FastLM.from_hf,
     ) -> None:
         """``rel``: compare with a tolerance of ``rel`` × the reference's largest logit
         (low precision) instead of :data:`ATOL`. ``windowed``: every call attends only the
-        tightest window its positions allow (``kv_len`` = its furthest position + 1)."""
+        tightest window its positions allow (``kv_len`` = its furthest position + 1).
+        ``wrap``: the adapter over the model (FastLM; ``adapter.CacheLM`` in test_adapter)."""
         self.model, self.s_max, self.rel, self.windowed = model, max_seq_len, rel, windowed
         self.device = next(model.parameters()).device
-        self.fast = FastLM.from_hf(model)
+        self.fast = wrap(model)
         self.fast.setup_cache(batch, max_seq_len)
         self.seqs: list[list[int]] = [[] for _ in range(batch)]
         self.gen = torch.Generator().manual_seed(seed)
@@ -114,7 +116,7 @@ class _Mirror:
                 ids[row, : len(toks)] = torch.tensor(toks)
                 pos[row, : len(toks)] = torch.arange(start, start + len(toks))
         kv_len = int(pos[pos < self.s_max].max()) + 1 if self.windowed else None
-        out = self.fast(ids.to(self.device), pos.to(self.device), kv_len=kv_len)  # [B, T, V]
+        out = self.fast(ids.to(self.device), pos.to(self.fast.pos_device), kv_len=kv_len)
         assert out.shape == (len(feeds), t, self.model.config.vocab_size)
         assert out.dtype == self.model.dtype
         assert torch.isfinite(out).all()  # pads' queries are never fully masked
@@ -201,7 +203,11 @@ def test_moved_rows_decode_on_in_a_narrowed_batch(tiny_llama_pair):
     """``move_rows`` carries a row's K/V (every layer) to another cache row, and a call with
     fewer rows than the cache (no ``rows=``) is for rows 0 .. b-1: what the batched engine
     does when it narrows a draining batch."""
-    m = _Mirror(tiny_llama_pair.target, batch=4, max_seq_len=24, seed=4)
+    narrowed_batch(_Mirror(tiny_llama_pair.target, batch=4, max_seq_len=24, seed=4))
+
+
+def narrowed_batch(m: _Mirror) -> None:
+    """Four rows decode, two finish, the other two move into their rows and decode on."""
     m.step([m.at_end(row, n) for row, n in zip(range(4), (5, 3, 6, 4), strict=True)])
     m.step([m.at_end(row, 2) for row in range(4)])
     m.fast.move_rows([3, 2], [0, 1])  # rows 0 and 1 finished; 3 and 2 move into them
@@ -212,7 +218,11 @@ def test_moved_rows_decode_on_in_a_narrowed_batch(tiny_llama_pair):
 
 
 def test_separate_prefills_and_mixed_lengths(tiny_qwen2_pair):
-    m = _Mirror(tiny_qwen2_pair.target, batch=3, max_seq_len=24, seed=1)
+    separate_prefills(_Mirror(tiny_qwen2_pair.target, batch=3, max_seq_len=24, seed=1))
+
+
+def separate_prefills(m: _Mirror) -> None:
+    """Rows prefilled one at a time (the others idle), then mixed lengths and a rollback."""
     for row, n in enumerate((4, 9, 1)):  # one row at a time; the others idle
         m.step([(0, m.tokens(n)) if r == row else None for r in range(3)])
     m.step([m.at_end(0, 5), m.at_end(1, 1), m.at_end(2, 3)])
@@ -221,14 +231,19 @@ def test_separate_prefills_and_mixed_lengths(tiny_qwen2_pair):
 
 def test_prefill_of_selected_rows_and_kept_logits(tiny_llama_pair):
     """``rows=`` prefills a new request in some rows only; ``keep=`` trims the logits."""
-    m = _Mirror(tiny_llama_pair.target, batch=3, max_seq_len=24, seed=2)
+    prefill_of_selected_rows(_Mirror(tiny_llama_pair.target, batch=3, max_seq_len=24, seed=2))
+
+
+def prefill_of_selected_rows(m: _Mirror) -> None:
+    """A new 7-token request prefilled in row 1 alone, its last logits kept; all decode on."""
     m.step([m.at_end(row, n) for row, n in zip(range(3), (4, 6, 2), strict=True)])
     prompt = m.tokens(7)
-    rows = torch.tensor([1])
-    out = m.fast(torch.tensor([prompt]), torch.arange(7)[None], rows=rows, keep=1)  # [1, 1, V]
+    rows = torch.tensor([1], device=m.fast.pos_device)
+    pos = torch.arange(7, device=m.fast.pos_device)[None]
+    out = m.fast(torch.tensor([prompt], device=m.device), pos, rows=rows, keep=1)  # [1, 1, V]
     m.seqs[1] = prompt
     with torch.no_grad():
-        ref = m.model(torch.tensor([prompt])).logits[0, -1]  # [V]
+        ref = m.model(torch.tensor([prompt], device=m.device)).logits[0, -1]  # [V]
     torch.testing.assert_close(out[0, 0], ref, atol=ATOL, rtol=0)
     # Row 1 continues from its new prompt; rows 0 and 2 were untouched by the prefill.
     m.step([m.at_end(row, 1) for row in range(3)])

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from relaxspec_audit import collect, tasks
-from relaxspec_audit.collect import batched, graphs
+from relaxspec_audit.collect import adapter, batched, graphs
 from relaxspec_audit.collect.config import EMBEDDED_DIR, ConfigError, RunConfig
 from relaxspec_audit.collect.fastmodel import FastLM
 from relaxspec_audit.collect.pair import DecodeError
@@ -113,6 +113,10 @@ def test_cuda_graphs_is_a_cuda_option_outside_the_run_id(pair):
     auto = RunConfig(**{**base.to_dict(), "device": "auto", "cuda_graphs": True})
     with pytest.raises(DecodeError, match="cuda_graphs needs a CUDA device"):
         batched.BatchedEngine(pair, auto, 2, 16)
+    # graphs replay FastLM's fixed shapes: transformers' own caches have none
+    via_hf = adapter.Adapter(adapter.TRANSFORMERS, "forced")
+    with pytest.raises(DecodeError, match=r"cuda_graphs needs the static-cache model.*forced"):
+        batched.BatchedEngine(pair, auto, 2, 16, adapter=via_hf)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run benchmarks/gpu.sh)")

@@ -150,8 +150,8 @@ def test_nonfinite_logits_one_request_engine(tiny_qwen2_pair, rule, temperature,
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_nonfinite_logits_target_only_names_the_position(tiny_qwen2_pair, temperature):
-    # call 1 is the prefill (output position 0); call 4 predicts output position 3
-    t = _poison(tiny_qwen2_pair.target, from_call=4)
+    # call 1 is the prefill (the prompt but its last token); call 5 predicts output position 3
+    t = _poison(tiny_qwen2_pair.target, from_call=5)
     pair = collect.make_pair(t, None, tiny_qwen2_pair.tokenizer)
     cfg = _cfg(rule=TARGET_ONLY, temperature=temperature)
     with pytest.raises(DecodeError, match=r"request a: .* target model at output position 3 "
