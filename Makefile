@@ -38,7 +38,7 @@ models: $(STAMP)
 	$(BIN)/python tools/zoo.py --out data/models/arith --seed 0 --threads 2
 
 # The pair against its targets (speculation pays, NSD has something to decide), from the
-# demo batch's logs: run `make demo` first. Writes data/models/arith/pair_check.{json,md}.
+# demo batch's logs: run `make demo` first. Writes pair_check.json and .md in data/models/arith/.
 pair-check: $(STAMP)
 	$(BIN)/python tools/pair_check.py --runs runs --reports reports/demo --out data/models/arith
 

@@ -21,7 +21,7 @@ THETA_GRID = (0.5, 0.7, 0.8, 0.9, 0.95, 0.99)
 
 
 def sha256_ids(ids: np.ndarray) -> str:
-    """sha256 of token ids as little-endian int32 bytes (DESIGN "Logs")."""
+    """sha256 of token ids as little-endian int32 bytes (docs/ARCHITECTURE.md "Logs")."""
     return hashlib.sha256(np.asarray(ids, dtype="<i4").tobytes()).hexdigest()
 
 

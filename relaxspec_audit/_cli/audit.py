@@ -51,13 +51,15 @@ def _theta_grid(ctx: click.Context, param: click.Parameter, value: str | None):
     """Parse ``0.5,0.9,0.95`` (commas and/or spaces) into a tuple of θ in (0, 1]."""
     if value is None:
         return None
+    from relaxspec_audit.verify.params import bad_thetas
+
     out = []
     for tok in value.replace(",", " ").split():
         try:
             theta = float(tok)
         except ValueError:
             raise click.BadParameter(f"{tok!r} is not a number", ctx, param) from None
-        if not 0 < theta <= 1:  # nan and inf too
+        if bad_thetas([theta]):  # nan and inf too
             raise click.BadParameter(f"{tok} is not in (0, 1]", ctx, param)
         out.append(theta)
     if not out:

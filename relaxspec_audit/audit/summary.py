@@ -50,6 +50,7 @@ from relaxspec_audit.audit.speedup import (
     speed,
 )
 from relaxspec_audit.collect.manifest import RunManifest
+from relaxspec_audit.verify.params import bad_thetas
 from relaxspec_audit.verify.registry import RULES
 
 #: Version of the JSON written by :func:`audit_summary` (docs/STATISTICS.md lists the keys).
@@ -192,9 +193,8 @@ def audit_summary(
     runs, reference, baseline = frames(runs), frames(reference), frames(baseline)
     es_grid = _manifest_grid(runs.manifests)
     grid = tuple(theta_grid) if theta_grid else (es_grid or DEFAULT_THETA_GRID)
-    for t in grid:
-        if not 0 < t <= 1:
-            raise ValueError(f"theta_grid: values must be in (0, 1], got {t}")
+    if bad := bad_thetas(grid):
+        raise ValueError(f"theta_grid: values must be in (0, 1], got {bad[0]}")
     cols = ["request_id", "kind", "round", "pos", "rank", "mass_above", "entropy_p"]
     cols += ["entropy_q", "passed_ratio", "accepted", "cause"]
     pos_lf = _lazy(runs.positions, "positions", cols)

@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from relaxspec_audit.verify.params import bad_thetas
 from relaxspec_audit.verify.registry import RULES, TARGET_ONLY
 
 _SPLITS = ("discovery", "confirmation")
@@ -97,9 +98,8 @@ def validate_parameters(**params: Any) -> None:
                 continue
             if not isinstance(value, list | tuple) or not value:
                 bad(name, "must be None or a non-empty list")
-            for t in value:
-                if not _number(t) or not 0 < t <= 1:
-                    bad(name, f"every θ must be in (0, 1] ({t!r} is not)")
+            if wrong := bad_thetas(value):
+                bad(name, f"every θ must be in (0, 1] ({wrong[0]!r} is not)")
         elif name in ("split", "discovery", "confirmation"):
             if value not in _SPLITS:
                 bad(name, f"must be one of {_SPLITS}")

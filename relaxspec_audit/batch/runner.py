@@ -108,7 +108,7 @@ def collect_runs(
 ) -> dict[str, tuple[Path, str | None]]:
     """Collect every run that is missing or unfinished, up to ``jobs`` in parallel.
 
-    Runs are independent shards (DESIGN "Scale"), so they go to a
+    Runs are independent shards (docs/SCALING.md), so they go to a
     ``ProcessPoolExecutor`` (spawned workers: torch does not survive ``fork`` well);
     ``jobs=1`` collects in this process. Finished runs are cheap: ``collect.run.collect``
     resumes a run folder and skips finished requests.

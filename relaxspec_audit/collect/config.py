@@ -1,10 +1,11 @@
 """One validated, frozen, serialisable configuration per run (the single source of defaults).
 
 A run is one (model pair, task, rule, rule parameters, seed, K, sampling settings), see
-DESIGN "Logs". :class:`RunConfig` holds exactly that, with the rule's parameters resolved
-once into the rule's typed params object (:func:`relaxspec_audit.verify.registry.resolve_params`);
-:meth:`RunConfig.run_id` hashes everything that changes the logged output, so re-running
-the same configuration resumes into the same run folder
+docs/ARCHITECTURE.md "Logs". :class:`RunConfig` holds exactly that, with the rule's
+parameters resolved once into the rule's typed params object
+(:func:`relaxspec_audit.verify.registry.resolve_params`); :meth:`RunConfig.run_id`
+hashes everything that changes the logged output, so re-running the same configuration
+resumes into the same run folder
 (``<out>/task=<task>/rule=<rule>/run=<run_id>/``).
 
 What ``run_id`` covers: the task and split, both models (repository paths made portable),
@@ -32,12 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from relaxspec_audit.verify import registry
+from relaxspec_audit.verify.params import bad_thetas
 from relaxspec_audit.verify.registry import TARGET_ONLY
 
 #: Repository root (this module lives in ``<root>/relaxspec_audit/collect``); the embedded
 #: pair is resolved against it so that the defaults work from any working directory.
 REPO_ROOT = Path(__file__).resolve().parents[2]
-#: The embedded model pair trained by ``tools/zoo.py`` (DESIGN "Embedded default").
+#: The embedded model pair trained by ``tools/zoo.py`` (docs/ARCHITECTURE.md "The embedded pair").
 EMBEDDED_DIR = REPO_ROOT / "data" / "models" / "arith"
 DEFAULT_TARGET = str(EMBEDDED_DIR / "target")
 DEFAULT_DRAFT = str(EMBEDDED_DIR / "draft")
@@ -206,7 +208,7 @@ class RunConfig:
             raise ConfigError("cuda_graphs", f"must be a bool, got {self.cuda_graphs!r}")
         if self.cuda_graphs and self.device in ("cpu", "mps"):
             raise ConfigError("cuda_graphs", f"needs a CUDA device, got device {self.device!r}")
-        if not self.theta_grid or not all(0 < t <= 1 for t in self.theta_grid):
+        if not self.theta_grid or bad_thetas(self.theta_grid):
             raise ConfigError("theta_grid", f"must be non-empty, in (0, 1], got {self.theta_grid}")
         _check_int(self, "samples_per_item", minimum=1)
         if self.samples_per_item > 1 and self.greedy:

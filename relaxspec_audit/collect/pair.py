@@ -3,7 +3,8 @@
 :func:`load_pair` loads two causal LMs (``AutoModelForCausalLM``) and their shared tokenizer
 on one device; :func:`make_pair` wraps models already in memory (tests, benchmarks) after
 checking that both score one vocabulary (THEORY §1: p and q are distributions over the same
-``V`` tokens). ``Pair.info`` describes the models for the run manifest (DESIGN "Logs").
+``V`` tokens). ``Pair.info`` describes the models for the run manifest
+(docs/ARCHITECTURE.md "Logs").
 
 torch and transformers are imported inside functions (the CLI's ``--help`` must not pay).
 """

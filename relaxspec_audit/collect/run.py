@@ -1,7 +1,7 @@
 """Collect one run: every item of a task decoded and scored, written as a resumable run folder.
 
-The driver of the collect stage (DESIGN "Logs"). :func:`collect` reads as a recipe, each
-step one call into the module that owns it: hold the run (``lease``), bind its inputs
+The driver of the collect stage (docs/ARCHITECTURE.md "Logs"). :func:`collect` reads as a
+recipe, each step one call into the module that owns it: hold the run (``lease``), bind its inputs
 (``inputs``), load the pair and check every prompt against it (``pair``), calibrate
 (``costs``), open the writer (``logs.RunWriter``: the manifest with config, run id, θ grid,
 models, task, EOS ids), decode (``batched``, the one engine) and finish. The request id is

@@ -22,7 +22,7 @@ import numpy as np
 import polars as pl
 
 # Do not rename, retype or remove a column without bumping SCHEMA_VERSION: notebooks,
-# reports and users' own queries rely on these names (DESIGN "Logs"). Adding is fine.
+# reports and users' own queries rely on these names (docs/ARCHITECTURE.md "Logs"). Adding is fine.
 SCHEMA_VERSION = 1
 
 SCHEMA: dict[str, dict[str, pl.DataType]] = {
@@ -128,7 +128,7 @@ class RequestRows:
 
 
 def output_sha256(output_ids: Iterable[int]) -> str:
-    """Sha256 of the emitted token ids as little-endian int32 bytes (DESIGN "Logs")."""
+    """Sha256 of emitted token ids as little-endian int32 bytes (docs/ARCHITECTURE.md "Logs")."""
     return hashlib.sha256(np.asarray(list(output_ids), dtype="<i4").tobytes()).hexdigest()
 
 

@@ -40,7 +40,7 @@ DIAG_KEYS = (*TOKEN_STAT_KEYS[:-1], "passed_ratio", "in_nucleus", "accepted", "c
 class Cause(enum.IntEnum):
     """Why a position was accepted or rejected; ``name.lower()`` is the string in the logs.
 
-    The one closed enumeration of causes (DESIGN.md "Logs").
+    The one closed enumeration of causes (docs/ARCHITECTURE.md "Causes").
     """
 
     ACCEPT_RATIO = 0  # u < min(1, p/q)

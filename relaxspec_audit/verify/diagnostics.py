@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from relaxspec_audit.verify.block import TOKEN_STAT_KEYS
-from relaxspec_audit.verify.params import DEFAULT_THETA
+from relaxspec_audit.verify.params import DEFAULT_THETA, bad_thetas
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -167,7 +167,7 @@ def es_grid(p: Tensor, q: Tensor, thetas: Any) -> Tensor:
     # Validate on the host before the grid goes to the device (no sync on p's device).
     grid_np = np.asarray(thetas.cpu() if hasattr(thetas, "cpu") else thetas, dtype=np.float64)
     grid_np = grid_np.reshape(-1)
-    if not ((grid_np > 0) & (grid_np <= 1)).all():
+    if bad_thetas(grid_np.tolist()):
         raise ValueError(f"thetas: must all be in (0, 1], got {grid_np.tolist()}")
     thetas = torch.as_tensor(grid_np, device=p.device)  # [G]
     p_sorted, order = torch.sort(p, dim=-1, descending=True, stable=True)  # [..., V]

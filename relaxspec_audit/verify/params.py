@@ -27,6 +27,7 @@ __all__ = [
     "ParamInfo",
     "TopkParams",
     "TypicalParams",
+    "bad_thetas",
     "param",
 ]
 
@@ -60,6 +61,15 @@ def param(default: Any, symbol: str, unit: str, help: str, **info: Any) -> Any:
     return dataclasses.field(
         default=default, metadata={"param": ParamInfo(symbol, unit, help, **info)}
     )
+
+
+def bad_thetas(values: Any) -> list[Any]:
+    """The values of a θ grid that are not nucleus masses in (0, 1] (NaN, ±inf, non-numbers).
+
+    The one check of a θ grid: the run config, the ``audit`` command, the notebooks'
+    parameters, the audit summary and ``es_grid`` all ask it and word their own refusal.
+    """
+    return [t for t in values if not (_is_real(t) and 0.0 < float(t) <= 1.0)]
 
 
 def _check(ok: bool, field: str, message: str, value: Any) -> None:

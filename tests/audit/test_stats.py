@@ -394,7 +394,7 @@ def test_paired_speedup_delta_method_vs_bootstrap():
     assert res["ci_high"] == pytest.approx(hi, rel=0.01)
 
 
-# --- counterfactual NSD sweep (THEORY §2.3, DESIGN "not_reached") ------------------------
+# --- counterfactual NSD sweep (THEORY §2.3; not_reached rows, docs/ARCHITECTURE.md "Logs") ---
 
 
 def _replay(positions: pl.DataFrame, theta: float) -> tuple[float, float]:

@@ -1,4 +1,4 @@
-"""Batch configs and the batch runner (project issue 6; DESIGN "The pipeline", "Scale").
+"""Batch configs and the batch runner (issue 6; docs/ARCHITECTURE.md "The stages", SCALING.md).
 
 Bad configs must fail before any work with a message naming the file, line and field;
 a failing notebook is saved with its error while the other tasks finish and the batch

@@ -2,8 +2,8 @@
 
 Checks THEORY §1 (rounds, KV-cache rollback), §2.1 (exact is lossless), §2.2/§2.4 (greedy and
 ASD with B = 0 reproduce the target's greedy output), §4 (coupled randomness), and the log
-invariants of DESIGN "Logs" (every emitted token logged once, accepted lengths). Loading a
-pair is test_pair.py's, writing a run folder test_run.py's.
+invariants of docs/ARCHITECTURE.md "Logs" (every emitted token logged once, accepted
+lengths). Loading a pair is test_pair.py's, writing a run folder test_run.py's.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Task loading, bundled suites and scorers (DESIGN "tasks.py"; THEORY §3 splits)."""
+"""Task loading, bundled suites and scorers (docs/ARCHITECTURE.md "Tasks"; THEORY §3 splits)."""
 
 from __future__ import annotations
 

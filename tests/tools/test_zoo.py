@@ -1,4 +1,4 @@
-"""The embedded model pair under data/models/arith (DESIGN "Embedded default").
+"""The embedded model pair under data/models/arith (docs/ARCHITECTURE.md "The embedded pair").
 
 Loads both models offline exactly as a user's models are loaded, checks the tokenizer
 contract the decoder relies on, and re-measures the model card's numbers on a small
