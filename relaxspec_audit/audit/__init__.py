@@ -7,6 +7,7 @@ is clustered by request. One module per idea:
 * :mod:`.intervals` — clustered (CR1) and cluster-bootstrap intervals for ratios of sums;
 * :mod:`.anatomy` — where rejected drafts lie: nucleus / top-k shares, entropy gaps;
 * :mod:`.pairing` — pairing two runs' requests item by item;
+* :mod:`.noninferiority` — score tests against a margin: Tango's, and on item means;
 * :mod:`.accuracy` — paired accuracy delta, non-inferiority and equivalence tests;
 * :mod:`.fidelity` — hash divergence and deviation accounting (the coupling bound);
 * :mod:`.speedup` — τ, acceptance, the modelled speed-up (counts × cost table), the
@@ -17,7 +18,7 @@ is clustered by request. One module per idea:
 * :mod:`.attribution` — why each first divergence happened: the rule or numerics;
 * :mod:`.noise` — the noise floor: greedy vs target-only, one reference two ways;
 * :mod:`.coupling` — what the shared random stream buys in items;
-* :mod:`.power` — items needed by the test that is run (Tango, paired t on item means);
+* :mod:`.power` — items needed by the test that is run (Tango, the score test on means);
 * :mod:`.summary` — all of the above as one JSON-ready dict (``audit_summary``);
 * :mod:`.select` — frontier, non-inferior choice, discovery → confirmation, ``Verdict``
   (``PASS`` needs a modelled gain; else ``NO-GAIN``).
@@ -28,13 +29,7 @@ functions): no torch.
 
 from __future__ import annotations
 
-from relaxspec_audit.audit.accuracy import (
-    accuracy_delta,
-    clustered_mcnemar,
-    noninferiority_ttest,
-    tango_ci,
-    tango_noninferiority,
-)
+from relaxspec_audit.audit.accuracy import accuracy_delta, clustered_mcnemar
 from relaxspec_audit.audit.anatomy import (
     DEFAULT_THETA_GRID,
     SUBSETS,
@@ -62,6 +57,12 @@ from relaxspec_audit.audit.intervals import (
 )
 from relaxspec_audit.audit.likelihood import emitted_loglik, loglik_delta
 from relaxspec_audit.audit.noise import floor_sentence, greedy_floor, numeric_floor
+from relaxspec_audit.audit.noninferiority import (
+    score_interval,
+    score_noninferiority,
+    tango_ci,
+    tango_noninferiority,
+)
 from relaxspec_audit.audit.pairing import pair_requests, sample_index
 from relaxspec_audit.audit.power import (
     planning_discordance,
@@ -137,7 +138,6 @@ __all__ = [
     "modelled_speedup",
     "modelled_speedup_paired",
     "needed_items",
-    "noninferiority_ttest",
     "numeric_floor",
     "pair_requests",
     "paired_speedup",
@@ -151,6 +151,8 @@ __all__ = [
     "required_items_mean",
     "required_items_tango",
     "sample_index",
+    "score_interval",
+    "score_noninferiority",
     "setting_params",
     "settings_frame",
     "speed",

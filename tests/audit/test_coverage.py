@@ -150,7 +150,7 @@ def test_noninferiority_type_one_error_at_margin():
     # Not trivially conservative: the size is near α at the boundary, and the rejection
     # rate grows when the truth moves into H1 (delta = 0: shift d by +ni_margin).
     assert reject >= 0.05 - mc, reject
-    power = np.mean([S.noninferiority_ttest(row + ni_margin, ni_margin) < 0.05 for row in d])
+    power = np.mean(S.score_noninferiority(d + ni_margin, ni_margin) < 0.05)
     assert power > 2 * reject, (power, reject)
 
 
@@ -351,16 +351,17 @@ def test_tango_ci_exact_coverage(n):
 @pytest.mark.parametrize("n", TANGO_N)
 def test_tango_noninferiority_size_at_the_margin(n):
     # H0 boundary Δ = p10 − p01 = −δ. The score test is asymptotic, so its exact size
-    # oscillates around α: the largest on this grid is 0.058 (n = 100, δ = 0.1, p10 = 0,
-    # every discordant pair one way); bound it by α + 0.01 and check it is near α, not
-    # trivially conservative, once n·ψ is large.
+    # oscillates around α; continuity-corrected and referred to t_{n−1} it stays ≤ 0.055
+    # (uncorrected: 0.058 at n = 100, δ = 0.1, p10 = 0, every discordant pair one way),
+    # and is near α, not trivially conservative, once n·ψ is large (0.042 at n = 100,
+    # 0.047 at n = 400 for δ = 0.1, p10 = 0.1).
     sizes = {}
     for ni_margin in (0.05, 0.1):
         for p10 in (0.0, 0.02, 0.1):
             sizes[(ni_margin, p10)] = tango_size(n, p10, ni_margin)
-    assert max(sizes.values()) <= 0.05 + 0.01, sizes
+    assert max(sizes.values()) <= 0.055, sizes
     if n >= 100:
-        assert sizes[(0.1, 0.1)] >= 0.045, sizes
+        assert sizes[(0.1, 0.1)] >= 0.04, sizes
 
 
 @pytest.mark.parametrize("alpha", [0.05, 0.025])
