@@ -205,7 +205,7 @@ def requests_speedup(
 
         S = (Σ time_ref / Σ tokens_ref) / (Σ time_rel / Σ tokens_rel)
 
-    with the item-clustered delta-method interval of :func:`_paired_ratio_ci`. When the
+    with the item-jackknife interval of :func:`_paired_ratio_ci`. When the
     two frames have no ``pass_cost`` the cost of a pass is taken as equal in both (two
     speculative runs of one pair, K and batch size: it cancels), so ``S`` is the ratio of
     tokens per pass and ``basis`` says so. Identical counts give exactly 1.0, CI [1, 1].
@@ -254,7 +254,9 @@ def requests_speedup(
         return passes * pairs[f"{PASS_COST}_{side}"].to_numpy() if costed else passes
 
     tok = {s: pairs[f"n_tokens_{s}"].cast(pl.Float64).to_numpy() for s in ("ref", "rel")}
-    est, lo, hi = _paired_ratio_ci(time("ref"), tok["ref"], time("rel"), tok["rel"], alpha)
+    est, lo, hi = _paired_ratio_ci(
+        time("ref"), tok["ref"], time("rel"), tok["rel"], alpha, pairs["item_id"]
+    )
     basis = "cost table" if costed else "passes"
     return {"speedup": est, "ci_low": lo, "ci_high": hi, "n_pairs": pairs.height,
             "basis": basis, "note": note}  # fmt: skip

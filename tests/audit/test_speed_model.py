@@ -1,8 +1,8 @@
 """The modelled speed-up: integer counts from the logs times one cost table (STATISTICS §7).
 
 ``S = (Σ cost_R / Σ tok_R) / (Σ cost_A / Σ tok_A)`` with ``cost_i = draft_steps·draft_step_s
-+ verify_passes·verify_s + target_steps·target_step_s`` and the item-clustered delta-method
-interval of ``audit.speedup._paired_ratio_ci`` (Cochran 1977 §6.4). No timing anywhere.
++ verify_passes·verify_s + target_steps·target_step_s`` and the item-jackknife
+interval of ``audit.speedup._paired_ratio_ci`` (Wolter 2007 §4.2). No timing anywhere.
 """
 
 from __future__ import annotations

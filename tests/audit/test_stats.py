@@ -385,7 +385,7 @@ def test_paired_speedup_delta_method_vs_bootstrap():
         rel["wall_s"].sum() / rel["n_tokens"].sum()
     )
     assert res["speedup"] == pytest.approx(est)
-    # Compare the delta-method interval with a hand-written paired bootstrap.
+    # Compare the item-jackknife interval with a hand-written paired bootstrap.
     rng = np.random.default_rng(0)
     a, b = ref["wall_s"].to_numpy(), ref["n_tokens"].to_numpy().astype(float)
     c, d = rel["wall_s"].to_numpy(), rel["n_tokens"].to_numpy().astype(float)
