@@ -19,7 +19,9 @@ Both are calibrated the same way, chosen by exact enumeration (Tango) and simula
 lattice step towards 0 (a continuity correction, :data:`CONTINUITY`) and referred to
 ``t_{n−1}``. Uncorrected, Tango's exact size reaches 0.069 at 52 items (every discordant
 pair one way, ψ = δ = 0.05) and the paired t on zero-inflated item means 0.18; corrected,
-the largest size over N 40–200, ψ 5–30 %, δ 5 and 10 points, k = 1–4 is ≤ 0.055.
+Tango's exact size is ≤ 0.049 for every N in 40–200 and the test on item means holds
+≤ 0.055 over N 40–200, ψ 5–30 %, δ 5 and 10 points, k = 1–4 (its largest cells, rechecked
+at 20,000 replications, 0.047).
 
 Only numpy and scipy are imported: no torch.
 """
@@ -27,6 +29,7 @@ Only numpy and scipy are imported: no torch.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -94,7 +97,7 @@ def tango_noninferiority(b: int, c: int, n: int, ni_margin: float) -> float:
 
     H0 ``p10 − p01 ≤ −ni_margin`` vs H1 ``> −ni_margin``; ``p = 1 − F_{t, n−1}(Z(−δ))`` with
     :func:`tango_z` (continuity-corrected). It stays valid with few or no discordant
-    pairs: 30 concordant pairs at δ = 0.05 give p ≈ 0.13, not 0.
+    pairs: 30 concordant pairs at δ = 0.05 give p ≈ 0.15, not 0.
     """
     from scipy import stats as sps
 
@@ -115,7 +118,7 @@ def tango_ci(b: int, c: int, n: int, alpha: float = 0.05) -> tuple[float, float]
 
 
 def _invert(
-    z, est: float, lo: float, hi: float, crit_lo: float, crit_hi: float
+    z: Callable[[float], float], est: float, lo: float, hi: float, crit_lo: float, crit_hi: float
 ) -> tuple[float, float]:
     """``[Δ0 : −crit_hi < Z(Δ0) < crit_lo]`` for a non-increasing ``Z`` on ``(lo, hi)``.
 
@@ -227,8 +230,7 @@ def score_z(d: np.ndarray, delta0: float, *, lower: float, upper: float, step: f
     n = d.shape[-1]
     v0 = restricted_variance(d, delta0, lower, upper)
     num = _corrected(np.sum(d - delta0, axis=-1), CONTINUITY * step)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(v0 > 0, num / np.sqrt(n * np.where(v0 > 0, v0, 1.0)), np.sign(num) * np.inf)
+    return _ratio(num, n * v0)
 
 
 def score_noninferiority(

@@ -459,7 +459,8 @@ def size_mean(
             seen[m] = simulated_power_mean(m, sd, ni_margin, reps=reps, **kw)
         return seen[m]
 
-    if sd > 0 and achieved_at(n) < power:
+    # Even a pilot with no spread needs the items that show a loss of δ is not there.
+    if achieved_at(n) < power:
         lo, hi = n, 2 * n
         while hi < MAX_PLANNED_ITEMS and achieved_at(hi) < power:
             lo, hi = hi, 2 * hi
