@@ -58,6 +58,18 @@ def clustered_ratio(
     Returns:
         Columns ``*by, estimate, se, ci_low, ci_high, n, n_clusters`` (``n`` = Σ n_g).
     """
+    out = _clustered_ratio(per_cluster, num, den, by, alpha)
+    return out.select([*by, "estimate", "se", "ci_low", "ci_high", "n", "n_clusters"])
+
+
+def _clustered_ratio(
+    per_cluster: pl.DataFrame, num: str, den: str, by: Sequence[str], alpha: float
+) -> pl.DataFrame:
+    """:func:`clustered_ratio` with the cluster moments :func:`clustered_share` needs.
+
+    Besides the public columns: ``_s2 = Σ e_g²``, ``_s4 = Σ e_g⁴`` (``e_g = y_g − r·n_g``)
+    and ``_m = Σ n_g² / Σ n_g``, from the same pass over the clusters.
+    """
     from scipy import stats as sps
 
     by = list(by)
@@ -71,27 +83,32 @@ def clustered_ratio(
         pl.len().alias("n_clusters"),
     )
     tot = tot.with_columns((pl.col("_y") / pl.col("_n")).alias("estimate"))
+    n = pl.col(den).cast(pl.Float64)
+    e2 = (pl.col(num) - pl.col("estimate") * pl.col(den)) ** 2
     res = (
         pc.join(tot.select([*keys, "estimate", "_n"]), on=keys, how="left")
-        .with_columns(((pl.col(num) - pl.col("estimate") * pl.col(den)) ** 2).alias("_e2"))
+        .with_columns(e2.alias("_e2"))
         .group_by(keys, maintain_order=True)
-        .agg(pl.col("_e2").sum().alias("_s"))
+        .agg(
+            pl.col("_e2").sum().alias("_s2"),
+            (pl.col("_e2") ** 2).sum().alias("_s4"),
+            ((n**2).sum() / n.sum()).alias("_m"),
+        )
     )
     out = tot.join(res, on=keys, how="left")
     g = out["n_clusters"].to_numpy().astype(float)
     with np.errstate(divide="ignore", invalid="ignore"):
-        var = g / (g - 1) * out["_s"].to_numpy() / out["_n"].to_numpy() ** 2
+        var = g / (g - 1) * out["_s2"].to_numpy() / out["_n"].to_numpy() ** 2
         se = np.sqrt(var)
         tq = sps.t.ppf(1 - alpha / 2, np.maximum(g - 1, 1))
     est = out["estimate"].to_numpy()
     se = np.where(g > 1, se, np.nan)
-    out = out.with_columns(
+    return out.with_columns(
         pl.Series("se", se),
         pl.Series("ci_low", est - tq * se),
         pl.Series("ci_high", est + tq * se),
         pl.col("_n").alias("n"),
     )
-    return out.select([*by, "estimate", "se", "ci_low", "ci_high", "n", "n_clusters"])
 
 
 ShareMethod = Literal["korn_graubard", "wilson", "wald"]
@@ -187,7 +204,8 @@ def clustered_share(
             f"{num}: a share needs 0 <= {num} <= {den} in every cluster; "
             f"{bad.height} rows break it (first: {bad.row(0, named=True)})"
         )
-    out = clustered_ratio(per_cluster, num, den, by=by, alpha=alpha)
+    full = _clustered_ratio(per_cluster, num, den, list(by), alpha)
+    out = full.select([*by, "estimate", "se", "ci_low", "ci_high", "n", "n_clusters"])
     p = out["estimate"].to_numpy().astype(float)
     se = out["se"].to_numpy().astype(float)
     n = out["n"].to_numpy().astype(float)
@@ -198,8 +216,10 @@ def clustered_share(
             pl.Series("ci_low", np.clip(lo, 0.0, 1.0)), pl.Series("ci_high", np.clip(hi, 0.0, 1.0))
         )
     var = se**2
-    nu = _residual_df(per_cluster, num, den, by, out)
-    m_w = _weighted_size(per_cluster, den, by, out)
+    nu = _residual_df(full["_s2"].to_numpy(), full["_s4"].to_numpy(), g)
+    # The cluster size of the design effect 1 + (m_w − 1)·ρ with unequal sizes (Kish 1965,
+    # Survey Sampling, §5.4; Eldridge, Ashby & Kerry 2006, Int. J. Epidemiol. 35:1292).
+    m_w = full["_m"].to_numpy()
     with np.errstate(divide="ignore", invalid="ignore"):
         # The design effect only ever shrinks n. A share of 0 or 1 shows no variation to
         # estimate it from, so it is taken at the intra-request correlation EDGE_ICC.
@@ -226,53 +246,16 @@ def clustered_share(
     return out.with_columns(pl.Series("ci_low", lo), pl.Series("ci_high", hi))
 
 
-def _weighted_size(
-    per_cluster: pl.DataFrame, den: str, by: Sequence[str], out: pl.DataFrame
-) -> np.ndarray:
-    """``m_w = Σ n_g² / Σ n_g`` per row of ``out``: the cluster size of the design effect.
+def _residual_df(s2: np.ndarray, s4: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """Satterthwaite's degrees of freedom of the CR1 variance from ``Σ e_g²`` and ``Σ e_g⁴``.
 
-    With unequal sizes the design effect of a mean is ``1 + (m_w − 1)·ρ`` (Kish 1965,
-    *Survey Sampling*, §5.4; Eldridge, Ashby & Kerry 2006, Int. J. Epidemiol. 35:1292).
-    """
-    by = list(by)
-    keys = by or ["_all"]
-    pc = per_cluster.filter(pl.col(den) > 0)
-    rows = out.select(by) if by else pl.DataFrame({"_all": [0]})
-    if not by:
-        pc = pc.with_columns(pl.lit(0).alias("_all"))
-    n = pl.col(den).cast(pl.Float64)
-    sizes = pc.group_by(keys).agg(((n**2).sum() / n.sum()).alias("_m"))
-    return rows.join(sizes, on=keys, how="left", maintain_order="left")["_m"].to_numpy()
-
-
-def _residual_df(
-    per_cluster: pl.DataFrame, num: str, den: str, by: Sequence[str], out: pl.DataFrame
-) -> np.ndarray:
-    """Satterthwaite's degrees of freedom of the CR1 variance, one per row of ``out``.
-
-    ``v_CR1 ∝ Σ_g e_g²`` with ``e_g = y_g − r·n_g``: a sum of ``G`` one-degree terms of
+    ``v_CR1 ∝ Σ_g e_g²`` with ``e_g = y_g − r·n_g`` is a sum of ``G`` one-degree terms of
     unequal sizes ``c_g``, with Satterthwaite's (1946) ``ν = (Σ c_g)² / Σ c_g²``. Each
     ``c_g`` is estimated by ``e_g²``, and ``Σ e_g⁴`` overstates ``Σ c_g²`` by the fourth
     moment of a residual: 3 for a normal one, about 1 for a single event. Hence
     ``ν = RESIDUAL_DF_FACTOR · (Σ e_g²)² / Σ e_g⁴``, clipped to ``[1, G − 1]``; ``G − 1``
     when every residual is 0. One request carrying the whole share gives ``ν`` near 1.
     """
-    by = list(by)
-    keys = by or ["_all"]
-    pc = per_cluster.filter(pl.col(den) > 0)
-    est = out.select(*by, "estimate") if by else out.select("estimate")
-    if not by:
-        pc = pc.with_columns(pl.lit(0).alias("_all"))
-        est = est.with_columns(pl.lit(0).alias("_all"))
-    e = pl.col(num).cast(pl.Float64) - pl.col("estimate") * pl.col(den).cast(pl.Float64)
-    res = (
-        pc.join(est, on=keys, how="left")
-        .group_by(keys, maintain_order=True)
-        .agg((e**2).sum().alias("_s2"), (e**4).sum().alias("_s4"), pl.len().alias("_g"))
-    )
-    res = est.select(keys).join(res, on=keys, how="left", maintain_order="left")
-    s2, s4 = res["_s2"].to_numpy(), res["_s4"].to_numpy()
-    g = res["_g"].to_numpy().astype(float)
     with np.errstate(divide="ignore", invalid="ignore"):
         nu = np.where(s4 > 0, RESIDUAL_DF_FACTOR * s2 * s2 / s4, g - 1)
     return np.clip(nu, 1.0, np.maximum(g - 1, 1.0))
