@@ -7,6 +7,7 @@ is clustered by request. One module per idea:
 * :mod:`.intervals` — clustered (CR1) and cluster-bootstrap intervals for ratios of sums;
 * :mod:`.anatomy` — where rejected drafts lie: nucleus / top-k shares, entropy gaps;
 * :mod:`.pairing` — pairing two runs' requests item by item;
+* :mod:`.noninferiority` — score tests against a margin: Tango's, and on item means;
 * :mod:`.accuracy` — paired accuracy delta, non-inferiority and equivalence tests;
 * :mod:`.fidelity` — hash divergence and deviation accounting (the coupling bound);
 * :mod:`.speedup` — τ, acceptance, the modelled speed-up (counts × cost table), the
@@ -17,7 +18,7 @@ is clustered by request. One module per idea:
 * :mod:`.attribution` — why each first divergence happened: the rule or numerics;
 * :mod:`.noise` — the noise floor: greedy vs target-only, one reference two ways;
 * :mod:`.coupling` — what the shared random stream buys in items;
-* :mod:`.power` — items needed by the test that is run (Tango, paired t on item means);
+* :mod:`.power` — items needed by the test that is run (Tango, the score test on means);
 * :mod:`.summary` — all of the above as one JSON-ready dict (``audit_summary``);
 * :mod:`.select` — frontier, non-inferior choice, discovery → confirmation, ``Verdict``
   (``PASS`` needs a modelled gain; else ``NO-GAIN``);
@@ -45,9 +46,10 @@ from typing import Any
 _PUBLIC = {
     "accuracy_delta": "accuracy",
     "clustered_mcnemar": "accuracy",
-    "noninferiority_ttest": "accuracy",
-    "tango_ci": "accuracy",
-    "tango_noninferiority": "accuracy",
+    "score_interval": "noninferiority",
+    "score_noninferiority": "noninferiority",
+    "tango_ci": "noninferiority",
+    "tango_noninferiority": "noninferiority",
     "DEFAULT_THETA_GRID": "anatomy",
     "SUBSETS": "anatomy",
     "TOPK": "anatomy",

@@ -55,16 +55,16 @@ def coupling_gain(
         ψ̂ = (1/n) Σ_i 1[s_i^rel ≠ s_i^ref]
 
     and the items each design needs are ``sizer(ψ_plan, ni_margin, alpha=, power=)``
-    (default ``audit.power.required_items_tango``, true Δ = 0). **Otherwise** (continuous
-    scores, or several samples per item: the test is the paired t on item means) the
-    measure is the sd ``s_d`` of the item differences ``d_i = s̄_i^rel − s̄_i^ref`` and the
-    items come from the one-sided paired t (``power.required_items_mean``, or ``sizer``).
+    (default ``audit.power.size_tango``, at the verdict's planning effect). **Otherwise**
+    (continuous scores, or several samples per item: the test is the score test on item
+    means) the measure is the sd ``s_d`` of the item differences ``d_i = s̄_i^rel −
+    s̄_i^ref`` and the items come from ``power.size_mean`` (or ``sizer``).
 
     A pilot with few or no discordant pairs does not show ψ ≈ 0: both designs are sized at
-    the verdict's planning value (``select.needed_items``), for binary scores the upper
-    80 % Clopper–Pearson bound on ψ (``power.planning_discordance``), for binary item
-    means ``s_plan = max(s_d, √(3/n))``, the "rule of three" bound (Hanley &
-    Lippman-Hand 1983; ``select.planning_sd``).
+    the verdict's planning value (``power.plan_items``), for binary scores the upper
+    80 % Clopper–Pearson bound on ψ (``power.planning_discordance``), for item means the
+    upper 80 % bound of ``s_d`` (floored at ``√(3/n)`` for binary scores, the "rule of
+    three"; ``power.planning_sd``).
 
     ``measure_ratio`` is ``ψ̂_indep / ψ̂_coupled`` (binary) or ``s²_indep / s²_coupled``:
     the factor by which independent seeds inflate the variance of the paired difference,
@@ -96,7 +96,7 @@ def coupling_gain(
     Returns:
         A dict of plain values (``measure_ratio`` is ``inf`` when the coupled measure is
         0 and the independent one is not; ``audit.frames.json_safe`` makes it JSON):
-        ``n_items, n_pairs, binary, test ("tango" | "paired_t"),
+        ``n_items, n_pairs, binary, test ("tango" | "score_means"),
         measure ("discordance" | "sd_diff"), coupled, independent (the measure),
         coupled_plan, independent_plan, items_coupled, items_independent, items_ratio,
         measure_ratio, measure_ratio_ci_low, measure_ratio_ci_high, divergence_coupled,
@@ -159,20 +159,28 @@ def coupling_gain(
         plan_i = planning_discordance(round(x_i.sum()), 0, n)[0]
         ratio = m_i / m_c if m_c > 0 else (math.inf if m_i > 0 else float("nan"))
         if sizer is None:
-            from relaxspec_audit.audit.power import required_items_tango as sizer
+            from relaxspec_audit.audit.power import size_tango
+
+            def sizer(value: float, margin: float, *, alpha: float, power: float) -> int:
+                return size_tango(value, margin, alpha=alpha, power=power)[0]
     else:
         measure = "sd_diff"
         m_c = float(x_c.std(ddof=1)) if n > 1 else float("nan")
         m_i = float(x_i.std(ddof=1)) if n > 1 else float("nan")
-        floor = math.sqrt(3.0 / n) if binary else 0.0
-        plan_c = max(m_c, floor) if math.isfinite(m_c) else float("nan")
-        plan_i = max(m_i, floor) if math.isfinite(m_i) else float("nan")
+        from relaxspec_audit.audit.power import planning_sd, size_mean
+
+        plan_c = planning_sd(m_c, n, binary=binary)[0]
+        plan_i = planning_sd(m_i, n, binary=binary)[0]
         if m_c > 0:
             ratio = m_i**2 / m_c**2
         else:
             ratio = math.inf if m_i > 0 else float("nan")
         if sizer is None:
-            from relaxspec_audit.audit.power import required_items_mean as sizer
+            k = max(1, n_pairs // n)
+
+            def sizer(value: float, margin: float, *, alpha: float, power: float) -> int:
+                return size_mean(value, margin, alpha=alpha, power=power, samples_per_item=k)[0]
+
     items_c = _size(sizer, plan_c, ni_margin, alpha, power)
     items_i = _size(sizer, plan_i, ni_margin, alpha, power)
     lo, hi = _bootstrap_ratio(x_c, x_i, tango, n_boot, alpha, seed)
@@ -199,7 +207,7 @@ def coupling_gain(
         "n_items": n,
         "n_pairs": n_pairs,
         "binary": binary,
-        "test": "tango" if tango else "paired_t",
+        "test": "tango" if tango else "score_means",
         "measure": measure,
         "coupled": m_c,
         "independent": m_i,

@@ -2,7 +2,8 @@
 
 Measured: the share of requests whose output differs from the reference run's (THEORY §3
 "Hash divergence"), with a Wilson interval (Wilson 1927; statsmodels
-``proportion_confint``), and where the outputs first differ. Bounded: under coupled
+``proportion_confint``) when requests are independent and an item-clustered interval
+when an item has several samples, and where the outputs first differ. Bounded: under coupled
 randomness (THEORY §4) an NSD run reproduces the ``exact`` run's output with probability
 ``≥ Π_t (1 − ε_t)``, from the per-step deviations ``E_S`` logged at each θ of the run's
 grid (THEORY §2.3, deviation accounting); :func:`deviation_accounting` sets the two side
@@ -20,7 +21,7 @@ import numpy as np
 import polars as pl
 
 from relaxspec_audit.audit.frames import CLUSTER, Frame, _draft_rows, _lazy
-from relaxspec_audit.audit.intervals import clustered_ratio
+from relaxspec_audit.audit.intervals import clustered_ratio, clustered_share
 from relaxspec_audit.audit.pairing import pair_requests
 
 # ----------------------------------------------------------------------------------------
@@ -106,21 +107,28 @@ def hash_divergence(
 ) -> pl.DataFrame:
     """Share of requests whose output differs from the reference run's (THEORY §3).
 
-    ``rate = n_diverged / n``, Wilson score interval (Wilson 1927; statsmodels
-    ``proportion_confint(method="wilson")``); requests are the independent units here.
-    Also the distribution of the first divergent position over diverged requests.
+    ``rate = n_diverged / n`` over paired requests. With one sample per item the requests
+    are independent and the interval is Wilson's score interval (Wilson 1927; statsmodels
+    ``proportion_confint(method="wilson")``). With several samples of an item (a group
+    where some item has more than one paired request) the samples share the item's
+    prompt, so they diverge together: the item is the cluster and the interval is the
+    clustered share of :func:`~relaxspec_audit.audit.intervals.clustered_share` over
+    per-item counts (Korn–Graubard with the variance's degrees of freedom). Also the
+    distribution of the first divergent position over diverged requests.
 
     Returns:
-        Columns ``*by, n, n_diverged, rate, ci_low, ci_high, first_pos_mean,
+        Columns ``*by, n, n_diverged, rate, ci_low, ci_high, n_items, first_pos_mean,
         first_pos_q25, first_pos_median, first_pos_q75``.
     """
     from statsmodels.stats.proportion import proportion_confint
 
     by = list(by)
     per = first_divergence(requests, reference, by=by)
-    agg = per.group_by(by or pl.lit(0).alias("_all"), maintain_order=True).agg(
+    keys = by or [pl.lit(0).alias("_all")]
+    agg = per.group_by(keys, maintain_order=True).agg(
         pl.len().alias("n"),
         pl.col("diverged").sum().alias("n_diverged"),
+        pl.col("item_id").n_unique().alias("n_items"),
         pl.col("first_pos").mean().alias("first_pos_mean"),
         pl.col("first_pos").quantile(0.25).alias("first_pos_q25"),
         pl.col("first_pos").median().alias("first_pos_median"),
@@ -129,10 +137,22 @@ def hash_divergence(
     lo, hi = proportion_confint(
         agg["n_diverged"].to_numpy(), agg["n"].to_numpy(), alpha=alpha, method="wilson"
     )
+    lo, hi = np.atleast_1d(lo).astype(float), np.atleast_1d(hi).astype(float)
+    several = (agg["n"] > agg["n_items"]).to_numpy()
+    if several.any():
+        # Samples nested in items: the item is the unit of the interval.
+        items = per.group_by([*by, "item_id"]).agg(
+            pl.col("diverged").sum().cast(pl.Float64).alias("_y"),
+            pl.len().cast(pl.Float64).alias("_n"),
+        )
+        cs = clustered_share(items, "_y", "_n", by=by, alpha=alpha)
+        cs = agg.select(by).join(cs, on=by, how="left", maintain_order="left") if by else cs
+        lo = np.where(several, cs["ci_low"].to_numpy(), lo)
+        hi = np.where(several, cs["ci_high"].to_numpy(), hi)
     agg = agg.with_columns(
         (pl.col("n_diverged") / pl.col("n")).alias("rate"),
-        pl.Series("ci_low", np.atleast_1d(lo)),
-        pl.Series("ci_high", np.atleast_1d(hi)),
+        pl.Series("ci_low", lo),
+        pl.Series("ci_high", hi),
     )
     return agg.select(
         *by,
@@ -141,6 +161,7 @@ def hash_divergence(
         "rate",
         "ci_low",
         "ci_high",
+        pl.col("n_items").cast(pl.Int64),
         "first_pos_mean",
         "first_pos_q25",
         "first_pos_median",
@@ -274,8 +295,10 @@ def deviation_accounting(
 
     Under coupled randomness (THEORY §4) an NSD run reproduces the ``exact`` run's output
     with probability ``≥ Π_t (1 − ε_t) ≥ (1 − max ε)^T``. The measured identical-output
-    rate is ``1 − hash divergence`` against the reference ``exact`` run (Wilson CI).
-    The bound "holds" when the interval's upper end is at least the mean bound.
+    rate is ``1 − hash divergence`` against the reference ``exact`` run, with its
+    interval (:func:`hash_divergence`: Wilson over requests, clustered by item when an
+    item has several samples). The bound "holds" when the interval's upper end is at
+    least the mean bound.
 
     Args:
         positions: the relaxed run's ``positions`` (``es`` list column).

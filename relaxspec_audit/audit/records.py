@@ -201,12 +201,16 @@ class FrontierRow(Record):
 
 
 class Plan(Record):
-    """How the confirmation split was sized: the test, its planning value, a note."""
+    """How the confirmation split was sized (``power.plan_items``): the test, what it was
+    planned at, and the power achieved at the size asked for."""
 
-    model_config = ConfigDict(frozen=True, extra="allow")
     test: str
     planning_value: float | None
     note: str
+    planning_effect: float | None = None
+    target_power: float | None = None
+    power_achieved: float | None = None
+    power_method: str | None = None
 
 
 class VerdictNumbers(Record):

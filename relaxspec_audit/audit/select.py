@@ -122,7 +122,7 @@ def requests_speedup(
 
         S = (Σ time_ref / Σ tokens_ref) / (Σ time_rel / Σ tokens_rel)
 
-    with the item-clustered delta-method interval of :func:`_paired_ratio_ci`. When the
+    with the item-jackknife interval of :func:`_paired_ratio_ci`. When the
     two frames have no ``pass_cost`` the cost of a pass is taken as equal in both (two
     speculative runs of one pair, K and batch size: it cancels), so ``S`` is the ratio of
     tokens per pass and ``basis`` says so. Identical counts give exactly 1.0, CI [1, 1].
@@ -171,7 +171,9 @@ def requests_speedup(
         return passes * pairs[f"{PASS_COST}_{side}"].to_numpy() if costed else passes
 
     tok = {s: pairs[f"n_tokens_{s}"].cast(pl.Float64).to_numpy() for s in ("ref", "rel")}
-    est, lo, hi = _paired_ratio_ci(time("ref"), tok["ref"], time("rel"), tok["rel"], alpha)
+    est, lo, hi = _paired_ratio_ci(
+        time("ref"), tok["ref"], time("rel"), tok["rel"], alpha, pairs["item_id"]
+    )
     basis = "cost table" if costed else "passes"
     return {"speedup": est, "ci_low": lo, "ci_high": hi, "n_pairs": pairs.height,
             "basis": basis, "note": note}  # fmt: skip
@@ -514,29 +516,12 @@ def needed_items(
 ) -> tuple[int, dict[str, Any]]:
     """Items per split the confirmation test needs, sized for the test that is run.
 
-    ``row`` is a discovery :func:`frontier` row. One binary score per item: confirmation
-    runs Tango's score test (:func:`~relaxspec_audit.audit.accuracy.tango_noninferiority`),
-    so N is Tango's (:func:`~relaxspec_audit.audit.power.required_items_tango`) at the
-    planning discordance from discovery's discordant counts
-    (:func:`~relaxspec_audit.audit.power.planning_discordance`). Otherwise (continuous
-    scores, or several samples per item) it runs the paired t on item means, sized by
-    :func:`~relaxspec_audit.audit.power.required_items_mean` at :func:`planning_sd`.
-
-    Returns:
-        ``(n, plan)`` with ``plan = {"test", "planning_value", "note"}``.
+    ``row`` is a discovery :func:`frontier` row; the sizing and its plan (test, planning
+    value and effect, power achieved) are :func:`~relaxspec_audit.audit.power.plan_from_row`.
     """
-    from relaxspec_audit.audit import power as pw
+    from relaxspec_audit.audit.power import plan_from_row
 
-    n = int(row["n_items"] or 0)
-    tango = bool(row.get("binary")) and row.get("n10") is not None and row.get("n01") is not None
-    if tango:
-        psi, note = pw.planning_discordance(int(row["n10"]), int(row["n01"]), n)
-        n_req = pw.required_items_tango(psi, ni_margin, alpha=alpha, power=power)
-        return n_req, {"test": "Tango score test", "planning_value": psi, "note": note}
-    sd = planning_sd(row["sd_diff"], n, bool(row.get("binary")))
-    n_req = pw.required_items_mean(sd, ni_margin, alpha=alpha, power=power)
-    note = f"planning sd {sd:.3g} of item-mean differences"
-    return n_req, {"test": "paired t on item means", "planning_value": sd, "note": note}
+    return plan_from_row(row, ni_margin, alpha=alpha, power=power)
 
 
 def assign_split(item_ids: Sequence[str], *, confirmation_share: float = 0.5) -> list[str]:

@@ -104,21 +104,24 @@ def test_no_coupled_discordance_is_sized_at_a_conservative_planning_value():
     assert out["items_coupled"] == math.ceil(1000 * plan)
 
 
-def test_several_samples_use_the_t_on_item_means():
-    from relaxspec_audit.audit.select import required_items
+def test_several_samples_use_the_score_test_on_item_means():
+    from relaxspec_audit.audit.power import planning_sd, size_mean
 
     rel_c, ref, rel_i, (coupled, ref_s, indep, _) = _design(3, n=25, samples=4)
     out = coupling_gain(rel_c, ref, rel_i, ni_margin=0.1)
-    assert out["test"] == "paired_t" and out["measure"] == "sd_diff"
+    assert out["test"] == "score_means" and out["measure"] == "sd_diff"
     assert out["n_items"] == 25 and out["n_pairs"] == 100
     sd_c = (coupled.mean(1) - ref_s.mean(1)).std(ddof=1)
     sd_i = (indep.mean(1) - ref_s.mean(1)).std(ddof=1)
     assert out["coupled"] == pytest.approx(sd_c) and out["independent"] == pytest.approx(sd_i)
     assert out["measure_ratio"] == pytest.approx(sd_i**2 / sd_c**2)
-    # Binary item means: the sd is floored at √(3/n) for planning (select.planning_sd).
-    plan_c = max(sd_c, math.sqrt(3 / 25))
-    assert out["items_coupled"] == required_items(plan_c, 0.1)
-    assert out["items_independent"] == required_items(max(sd_i, math.sqrt(3 / 25)), 0.1)
+    # Planned as the verdict plans: the upper 80 % bound of the sd, floored at √(3/n) for
+    # binary item means (power.planning_sd), sized for the score test (power.size_mean).
+    plan_c = planning_sd(sd_c, 25, binary=True)[0]
+    assert plan_c >= max(sd_c, math.sqrt(3 / 25)) and out["coupled_plan"] == plan_c
+    assert out["items_coupled"] == size_mean(plan_c, 0.1, samples_per_item=4)[0]
+    plan_i = planning_sd(sd_i, 25, binary=True)[0]
+    assert out["items_independent"] == size_mean(plan_i, 0.1, samples_per_item=4)[0]
 
 
 def test_continuous_scores():
@@ -129,7 +132,7 @@ def test_continuous_scores():
     out = coupling_gain(
         _frame("c", coupled, h), _frame("r", ref, h), _frame("i", indep, h), ni_margin=0.2
     )
-    assert not out["binary"] and out["test"] == "paired_t"
+    assert not out["binary"] and out["test"] == "score_means"
     assert out["measure_ratio"] > 50  # var(√2 N(0,1)) / var(N(0, 0.1²)) ≈ 200
     assert out["items_independent"] > 10 * out["items_coupled"]
 
@@ -163,5 +166,8 @@ def test_default_binary_sizer_is_tangos():
     power = pytest.importorskip("relaxspec_audit.audit.power")
     rel_c, ref, rel_i, _ = _design(7)
     out = coupling_gain(rel_c, ref, rel_i, ni_margin=0.05)
-    want = power.required_items_tango(out["coupled_plan"], 0.05, alpha=0.05, power=0.8)
+    # At the verdict's planning effect −δ/4 (power.size_tango).
+    want = power.required_items_tango(
+        out["coupled_plan"], 0.05, true_delta=-0.0125, alpha=0.05, power=0.8
+    )
     assert out["items_coupled"] == want

@@ -51,11 +51,14 @@ def _clustered_rejections(rng: np.random.Generator, reps: int, g: int, mu: float
 
 
 def test_rejected_in_nucleus_ci_coverage():
+    # 2000 replications (Monte Carlo se 0.0049): the Clopper–Pearson form covers ≈ 0.97
+    # here, so 400 (se 0.011) left the upper bound 0.98 at the mercy of the draw.
     rng = np.random.default_rng(20261130)
     mu = 0.526  # the paper's share of rejected tokens inside the θ = 0.95 nucleus
-    df = _clustered_rejections(rng, R, g=40, mu=mu)
+    reps = 2000
+    df = _clustered_rejections(rng, reps, g=40, mu=mu)
     res = S.rejection_anatomy(df, thetas=(0.95,), ks=(), by=["rep"])
-    assert res.height == R
+    assert res.height == reps
     cover = ((res["ci_low"] <= mu) & (mu <= res["ci_high"])).mean()
     assert 0.92 <= cover <= 0.98, cover
     # A naive interval that treats positions as independent under-covers here: the
@@ -150,7 +153,7 @@ def test_noninferiority_type_one_error_at_margin():
     # Not trivially conservative: the size is near α at the boundary, and the rejection
     # rate grows when the truth moves into H1 (delta = 0: shift d by +ni_margin).
     assert reject >= 0.05 - mc, reject
-    power = np.mean([S.noninferiority_ttest(row + ni_margin, ni_margin) < 0.05 for row in d])
+    power = np.mean(S.score_noninferiority(d + ni_margin, ni_margin) < 0.05)
     assert power > 2 * reject, (power, reject)
 
 
@@ -225,22 +228,25 @@ def test_share_interval_covers_at_every_share():
 
 
 def test_share_interval_edges_and_formula():
-    # 0 of 389 in 40 requests (the issue's case): [0, u] with u > 0, not [0, 0]; the
-    # design effect is undefined at p = 0, so n* = n and u is Clopper–Pearson's upper
-    # end at n*_df = 389·(t_{.975,388}/t_{.975,39})².
+    # 0 of 389 in 40 requests (the issue's case): [0, u] with u > 0, not [0, 0]. The
+    # design effect is undefined at p = 0, so it is taken at an intra-request correlation
+    # of 0.5: n* = 389 / (1 + (m_w − 1)/2), m_w = Σn²/Σn, and u is Clopper–Pearson's upper
+    # end at n*_df = n*·(t_{.975,388}/t_{.975,39})².
     n = np.full(40, 9)
     n[:29] += 1
     assert n.sum() == 389
     zero = pl.DataFrame({"request_id": np.arange(40), "y": 0, "n": n})
     row = clustered_share(zero, "y", "n").row(0, named=True)
-    n_df = 389 * (sps.t.ppf(0.975, 388) / sps.t.ppf(0.975, 39)) ** 2
+    m_w = np.sum(n**2) / np.sum(n)
+    n_df = 389 / (1 + (m_w - 1) * 0.5) * (sps.t.ppf(0.975, 388) / sps.t.ppf(0.975, 39)) ** 2
     assert row["ci_low"] == 0.0
     assert row["ci_high"] == pytest.approx(sps.beta.ppf(0.975, 1, n_df), rel=1e-12)
-    assert 0.009 < row["ci_high"] < 0.011
+    assert 0.05 < row["ci_high"] < 0.055
     full = clustered_share(zero.with_columns(pl.col("n").alias("y")), "y", "n").row(0, named=True)
     assert full["ci_high"] == 1.0 and full["ci_low"] == pytest.approx(1 - row["ci_high"])
     # Interior share: same estimate, se and columns as clustered_ratio, and the
-    # Korn–Graubard interval at n* = p(1 − p)/v_CR1 (Korn & Graubard 1998, eq. 2.1–2.3).
+    # Korn–Graubard interval at n* = p(1 − p)/v_CR1 (Korn & Graubard 1998, eq. 2.1–2.3)
+    # with the residuals' Satterthwaite degrees of freedom ν = 1.5·(Σe²)²/Σe⁴.
     rng = np.random.default_rng(3)
     per = beta_binomial_clusters(rng, 1, 25, 0.2, 0.2)
     cr1 = clustered_ratio(per, "y", "n").row(0, named=True)
@@ -248,9 +254,11 @@ def test_share_interval_edges_and_formula():
     assert clustered_share(per, "y", "n").columns == clustered_ratio(per, "y", "n").columns
     assert kg["estimate"] == cr1["estimate"] and kg["se"] == cr1["se"]
     p, v = cr1["estimate"], cr1["se"] ** 2
+    e = per["y"].to_numpy() - p * per["n"].to_numpy()
+    nu = min(max(1.5 * np.sum(e**2) ** 2 / np.sum(e**4), 1), 24)
     n_star = (
         min(p * (1 - p) / v, cr1["n"])
-        * (sps.t.ppf(0.975, cr1["n"] - 1) / sps.t.ppf(0.975, 24)) ** 2
+        * (sps.t.ppf(0.975, cr1["n"] - 1) / sps.t.ppf(0.975, nu)) ** 2
     )
     x = p * n_star
     assert kg["ci_low"] == pytest.approx(sps.beta.ppf(0.025, x, n_star - x + 1), rel=1e-10)
@@ -351,16 +359,17 @@ def test_tango_ci_exact_coverage(n):
 @pytest.mark.parametrize("n", TANGO_N)
 def test_tango_noninferiority_size_at_the_margin(n):
     # H0 boundary Δ = p10 − p01 = −δ. The score test is asymptotic, so its exact size
-    # oscillates around α: the largest on this grid is 0.058 (n = 100, δ = 0.1, p10 = 0,
-    # every discordant pair one way); bound it by α + 0.01 and check it is near α, not
-    # trivially conservative, once n·ψ is large.
+    # oscillates around α; continuity-corrected and referred to t_{n−1} it stays ≤ 0.055
+    # (uncorrected: 0.058 at n = 100, δ = 0.1, p10 = 0, every discordant pair one way),
+    # and is near α, not trivially conservative, once n·ψ is large (0.042 at n = 100,
+    # 0.047 at n = 400 for δ = 0.1, p10 = 0.1).
     sizes = {}
     for ni_margin in (0.05, 0.1):
         for p10 in (0.0, 0.02, 0.1):
             sizes[(ni_margin, p10)] = tango_size(n, p10, ni_margin)
-    assert max(sizes.values()) <= 0.05 + 0.01, sizes
+    assert max(sizes.values()) <= 0.055, sizes
     if n >= 100:
-        assert sizes[(0.1, 0.1)] >= 0.045, sizes
+        assert sizes[(0.1, 0.1)] >= 0.04, sizes
 
 
 @pytest.mark.parametrize("alpha", [0.05, 0.025])

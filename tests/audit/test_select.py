@@ -84,7 +84,9 @@ def test_recommend_refuses_to_certify_with_too_few_items():
 
     plan = v.numbers.planning
     assert plan.test == "Tango score test"
-    n_tango = power.required_items_tango(plan.planning_value, 0.05)
+    n_tango = power.required_items_tango(
+        plan.planning_value, 0.05, true_delta=plan.planning_effect
+    )
     assert v.n_required == (max(30, n_tango) if v.setting is not None else n_tango)
 
 
@@ -144,7 +146,8 @@ def test_identical_scores_on_few_items_are_not_certified():
     assert v.numbers.discovery[0].p_noninf > 0.05
     psi, _ = power.planning_discordance(0, 0, 20)
     assert psi > 0 and v.numbers.planning.planning_value == pytest.approx(psi)
-    assert v.n_required == power.required_items_tango(psi, 0.05) > 20
+    effect = v.numbers.planning.planning_effect  # −δ/4
+    assert v.n_required == power.required_items_tango(psi, 0.05, true_delta=effect) > 20
     assert json.loads(v.to_json())["n_required"] == v.n_required
 
 

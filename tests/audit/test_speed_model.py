@@ -1,8 +1,8 @@
 """The modelled speed-up: integer counts from the logs times one cost table (STATISTICS §7).
 
 ``S = (Σ cost_R / Σ tok_R) / (Σ cost_A / Σ tok_A)`` with ``cost_i = draft_steps·draft_step_s
-+ verify_passes·verify_s + target_steps·target_step_s`` and the item-clustered delta-method
-interval of ``audit.speedup._paired_ratio_ci`` (Cochran 1977 §6.4). No timing anywhere.
++ verify_passes·verify_s + target_steps·target_step_s`` and the item-jackknife
+interval of ``audit.speedup._paired_ratio_ci`` (Wolter 2007 §4.2). No timing anywhere.
 """
 
 from __future__ import annotations
@@ -90,8 +90,11 @@ def test_hand_computed_counts_against_target_only():
         rel_r, rel_q, _manifest("exact", 2, table), ref_r, ref_q, _manifest("target", 0, table)
     ).row(0, named=True)
     s = (32 / 16) / (35 / 16)
-    z = np.array([20 / 32 - 20 / 35, 12 / 32 - 15 / 35])  # the token terms cancel
-    se = math.sqrt(2 / 1 * float(np.sum(z**2)))
+    # Delete-one-item jackknife of log S: without a, (12/6)/(15/6) = 0.8; without b,
+    # (20/10)/(20/10) = 1. Var = (G − 1)/G · Σ(ℓ − ℓ̄)² = (log 0.8)²/4 with G = 2.
+    loo = np.log([0.8, 1.0])
+    se = math.sqrt(1 / 2 * float(np.sum((loo - loo.mean()) ** 2)))
+    assert se == pytest.approx(abs(math.log(0.8)) / 2, rel=1e-12)
     tq = sps.t.ppf(0.975, 1)
     assert out["speedup"] == pytest.approx(s, rel=1e-12)
     assert out["ci_low"] == pytest.approx(s * math.exp(-tq * se), rel=1e-12)

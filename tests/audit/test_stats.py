@@ -15,7 +15,7 @@ from _synthetic import THETA_GRID, make_paired_requests, make_run, sha256_ids, w
 from _synthetic import manifest as as_manifest
 
 from relaxspec_audit import audit as S
-from relaxspec_audit.audit.accuracy import _tango_z
+from relaxspec_audit.audit.noninferiority import tango_z
 
 
 def _pos(rows: list[dict]) -> pl.DataFrame:
@@ -211,15 +211,17 @@ def test_accuracy_delta_matches_scipy_statsmodels():
         [np.sum((ref == 0) & (rel == 1)), np.sum((ref == 0) & (rel == 0))],
     ]
     assert res["p_mcnemar"] == pytest.approx(mcnemar(table, exact=True).pvalue)
-    # Tango (1998) score test, by hand: b = #(rel 1, ref 0), c = #(rel 0, ref 1).
+    # Tango (1998) score test, by hand: b = #(rel 1, ref 0), c = #(rel 0, ref 1); the
+    # numerator moved a quarter towards 0 and referred to t_{n−1} (STATISTICS §4a).
     b, c, n, d0 = np.sum(rel > ref), np.sum(rel < ref), 80, -0.05
     a_, b_, c_ = 2 * n, -b - c + (2 * n - b + c) * d0, -c * d0 * (1 - d0)
     p01 = (np.sqrt(b_**2 - 4 * a_ * c_) - b_) / (2 * a_)
-    z = (b - c - n * d0) / np.sqrt(n * (2 * p01 + d0 * (1 - d0)))
-    assert res["p_noninf"] == pytest.approx(sps.norm.sf(z))
+    num = b - c - n * d0
+    z = np.sign(num) * (abs(num) - 0.25) / np.sqrt(n * (2 * p01 + d0 * (1 - d0)))
+    assert res["p_noninf"] == pytest.approx(sps.t.sf(z, n - 1))
     # TOST: the larger of Tango's two one-sided tests; near statsmodels' paired t TOST here.
     assert res["p_tost"] == pytest.approx(
-        max(res["p_noninf"], sps.norm.cdf(_tango_z(b, c, n, 0.05)))
+        max(res["p_noninf"], sps.t.cdf(tango_z(b, c, n, 0.05), n - 1))
     )
     assert res["p_tost"] == pytest.approx(ttost_paired(rel, ref, -0.05, 0.05)[0], abs=0.05)
     assert res["p_wilcoxon"] == pytest.approx(sps.wilcoxon(rel - ref).pvalue)
@@ -229,14 +231,15 @@ def test_accuracy_delta_matches_scipy_statsmodels():
 def test_noninferiority_with_no_discordant_pair_is_not_certain():
     # THEORY §3 non-inferiority: 30 identical binary outcomes do not prove delta > −0.05
     # (a discordant rate of 5% would give no discordant pair with probability 0.95^30 ≈ 0.21).
-    # Tango's Z = 30·0.05 / √(30·(2·0.05 − 0.05·1.05)) = 1.2566 → p = 0.1045.
+    # Tango's Z = (30·0.05 − 1/4) / √(30·(2·0.05 − 0.05·1.05)) = 1.0471 → p = P(t₂₉ > Z)
+    # = 0.1518 (continuity-corrected, t reference: STATISTICS §4a).
     same = np.array([1.0] * 20 + [0.0] * 10)
     res = S.accuracy_delta(_req(same, "rel"), _req(same, "ref"), ni_margin=0.05).row(0, named=True)
-    assert res["p_noninf"] == pytest.approx(0.10446, abs=1e-4)
+    assert res["p_noninf"] == pytest.approx(0.15184, abs=1e-4)
     assert not res["noninferior"]
-    assert res["ci_low"] == pytest.approx(-0.11351, abs=1e-4)
-    assert res["ci_high"] == pytest.approx(0.11351, abs=1e-4)
-    assert S.tango_noninferiority(0, 0, 30, 0.05) == pytest.approx(0.10446, abs=1e-4)
+    assert res["ci_low"] == pytest.approx(-0.13655, abs=1e-4)
+    assert res["ci_high"] == pytest.approx(0.13655, abs=1e-4)
+    assert S.tango_noninferiority(0, 0, 30, 0.05) == pytest.approx(0.15184, abs=1e-4)
     assert not res["equivalent"]  # nor equivalence within ±5 points
 
 
@@ -383,7 +386,7 @@ def test_paired_speedup_delta_method_vs_bootstrap():
         rel["wall_s"].sum() / rel["n_tokens"].sum()
     )
     assert res["speedup"] == pytest.approx(est)
-    # Compare the delta-method interval with a hand-written paired bootstrap.
+    # Compare the item-jackknife interval with a hand-written paired bootstrap.
     rng = np.random.default_rng(0)
     a, b = ref["wall_s"].to_numpy(), ref["n_tokens"].to_numpy().astype(float)
     c, d = rel["wall_s"].to_numpy(), rel["n_tokens"].to_numpy().astype(float)
