@@ -201,8 +201,10 @@ class FrontierRow(Record):
 
 
 class Plan(Record):
-    """How the confirmation split was sized (``power.plan_items``): the test, what it was
-    planned at, and the power achieved at the size asked for."""
+    """How the confirmation split was sized (``power.plan_items``).
+
+    The test, what it was planned at, and the power achieved at the size asked for.
+    """
 
     test: str
     planning_value: float | None

@@ -419,7 +419,7 @@ def recommend(
         reasons.append(
             f"no setting shown non-inferior at δ = {_pt(ni_margin, sign=False)} on discovery "
             f"({n_disc} items); about {n_req} items per split are needed for power {power} "
-            f"({plan['test']}, {plan['note']})"
+            f"({_plan_words(plan)})"
         )
         numbers["planning"] = plan
         return verdict("INCONCLUSIVE", None, n_req)
@@ -448,7 +448,7 @@ def recommend(
     if fc["n_items"] < n_req:
         reasons.append(
             f"confirmation has {fc['n_items']} items; at least {n_req} are needed "
-            f"(power {power} at δ = {_pt(ni_margin, sign=False)}, {plan['test']}, {plan['note']}, "
+            f"(power {power} at δ = {_pt(ni_margin, sign=False)}, {_plan_words(plan)}, "
             f"minimum {min_items})"
         )
         return verdict("INCONCLUSIVE", setting, n_req)
@@ -509,6 +509,17 @@ def _ni_bound(row: Mapping[str, Any], alpha: float) -> str:
 def _x(value: float | None) -> str:
     """A speed-up or τ for a reason line (``n/a`` when unknown)."""
     return "n/a" if value is None or not math.isfinite(value) else f"{value:.2f}"
+
+
+def _plan_words(plan: Mapping[str, Any]) -> str:
+    """How the size was planned, in words: test, planning effect, power achieved."""
+    words = [str(plan["test"])]
+    if plan.get("planning_effect") is not None:
+        words.append(f"planned at a true Δ of {_pt(plan['planning_effect'])}")
+    words.append(str(plan["note"]))
+    if plan.get("power_achieved") is not None:
+        words.append(f"power achieved {plan['power_achieved']:.2f}, {plan.get('power_method')}")
+    return ", ".join(words)
 
 
 def needed_items(

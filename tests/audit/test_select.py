@@ -84,9 +84,7 @@ def test_recommend_refuses_to_certify_with_too_few_items():
 
     plan = v.numbers.planning
     assert plan.test == "Tango score test"
-    n_tango = power.required_items_tango(
-        plan.planning_value, 0.05, true_delta=plan.planning_effect
-    )
+    n_tango = power.required_items_tango(plan.planning_value, 0.05, true_delta=plan.planning_effect)
     assert v.n_required == (max(30, n_tango) if v.setting is not None else n_tango)
 
 
