@@ -50,14 +50,14 @@ def test_json_round_trip_and_stable_id(table):
     assert json.loads(table.to_json())["id"] == table.id
     # The id is the key, the values and how they were measured: the path a model was
     # loaded from is not in it; a value, a spread or a load is.
-    moved = costs.CostTable.from_dict({**table.to_dict(), "id": None,
-                                       "target": {**table.target, "path": "/elsewhere"}})  # fmt: skip
+    elsewhere = {**table.target, "path": "/elsewhere"}
+    moved = costs.CostTable.from_dict({**table.to_dict(), "id": None, "target": elsewhere})
     assert moved.id == table.id
     other = costs.CostTable.from_dict({**table.to_dict(), "id": None,
                                        "verify_s": table.verify_s * 2})  # fmt: skip
     assert other.id != table.id
     quiet = {**table.measured, "spread": dict.fromkeys(costs.COST_FIELDS, 0.0)}
-    with pytest.raises(costs.CostTableError, match="field 'id'.*edited or corrupted"):
+    with pytest.raises(costs.CostTableError, match=r"field 'id'.*edited or corrupted"):
         costs.CostTable.from_dict({**table.to_dict(), "measured": quiet})
 
 
