@@ -134,8 +134,9 @@ class CostTable:
         m = self.measured
         out = []
         if m.get("statistic") != "min" or not isinstance(m.get("spread"), Mapping):
-            out.append(f"table {self.id} is from an older calibration ({m.get('statistic')} "
-                       "of its reps, no spread check)")  # fmt: skip
+            how = m.get("statistic") or "an unrecorded statistic"
+            out.append(f"table {self.id} was measured without a spread check ({how} of "
+                       "its reps)")  # fmt: skip
         else:
             wide = {k: v for k, v in m["spread"].items() if not v <= MAX_SPREAD}
             if wide:
@@ -196,7 +197,7 @@ class CostTable:
         missing = [n for n in (*KEY_FIELDS, *COST_FIELDS) if n not in data]
         if missing:
             raise CostTableError(f"cost table: missing field(s) {missing}")
-        schema = data.get("schema", 1)
+        schema = data.get("schema", COST_TABLE_SCHEMA)
         if schema not in (1, COST_TABLE_SCHEMA):
             raise CostTableError(f"cost table: field 'schema' is {schema!r}; this version "
                                  f"reads 1 and {COST_TABLE_SCHEMA}")  # fmt: skip
@@ -283,6 +284,14 @@ def planned_batch_size(config: Any) -> int:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     # The engine's own choice; the limit, when known, bounds the requests it will see.
     return resolve_batch_size(None, torch.device(device), config.limit or 2**62)
+
+
+def flagged_note(warnings: Iterable[str]) -> str | None:
+    """The note every number priced from flagged tables carries (None: none flagged)."""
+    unique = list(dict.fromkeys(w for w in warnings if w))
+    if not unique:
+        return None
+    return f"priced from a flagged cost table ({'; '.join(unique)}): it may be wrong"
 
 
 def preferred(tables: Iterable[CostTable]) -> CostTable:

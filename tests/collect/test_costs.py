@@ -206,7 +206,7 @@ def test_an_older_table_is_read_with_a_warning(table):
     old["id"] = hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:12]
     t = costs.CostTable.from_dict(old)
     assert t.schema == 1 and t.id == old["id"] and not t.reliable
-    assert "older calibration (median of its reps, no spread check)" in t.warnings[0]
+    assert "measured without a spread check (median of its reps)" in t.warnings[0]
     with pytest.raises(costs.CostTableError, match="field 'schema' is 7"):
         costs.CostTable.from_dict({**old, "schema": 7})
 
