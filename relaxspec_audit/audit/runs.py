@@ -253,6 +253,12 @@ def runs_overview(runs: TaskRuns) -> pl.DataFrame:
     ).sort(["rule", "setting", "split"]).with_columns(pl.col("tau_mean").round(3))  # fmt: skip
 
 
+def cost_warnings_of(manifests: Iterable[RunManifest]) -> list[str]:
+    """Every warning of the tables that price the runs, once each, sorted."""
+    tables = [m.cost_table for m in manifests if m.cost_table is not None]
+    return sorted({w for t in tables for w in t.warnings})
+
+
 def manifest_facts(manifests: Sequence[RunManifest]) -> ManifestFacts:
     """How the runs were made; values that differ between runs are listed, not hidden."""
 
@@ -284,8 +290,7 @@ def manifest_facts(manifests: Sequence[RunManifest]) -> ManifestFacts:
         hosts=distinct(m.host for m in manifests),
         started_at=min((m.started_at or "" for m in manifests), default=None),
         ended_at=max((m.ended_at or "" for m in manifests), default=None),
-        cost_warnings=sorted({w for m in manifests if m.cost_table is not None
-                              for w in m.cost_table.warnings}),  # fmt: skip
+        cost_warnings=cost_warnings_of(manifests),
         statuses=statuses,
     )
 

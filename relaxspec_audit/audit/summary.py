@@ -43,6 +43,7 @@ from relaxspec_audit.audit.frames import (
     json_safe,
     nsd_theta,
 )
+from relaxspec_audit.audit.runs import cost_warnings_of
 from relaxspec_audit.audit.select import (
     COST_NOTE,
     COST_TABLE,
@@ -302,9 +303,9 @@ def audit_summary(
         "modelled_tau": s0.get("modelled_tau"),
         "modelled_speedup": s0.get("modelled_speedup"),
         # Why the cost tables that price these numbers may be wrong (empty: none flagged).
-        "cost_warnings": sorted({w for f in (runs, reference, baseline) if f is not None
-                                 for m in f.manifests if m.cost_table is not None
-                                 for w in m.cost_table.warnings}),  # fmt: skip
+        "cost_warnings": cost_warnings_of(
+            m for f in (runs, reference, baseline) if f is not None for m in f.manifests
+        ),
         "passes_per_token": s0.get("passes_per_token"),
         "tokens_per_s": s0.get("tokens_per_s"),
     }

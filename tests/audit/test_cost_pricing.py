@@ -120,9 +120,8 @@ def test_a_flagged_table_is_said_on_every_path(two_roots, tmp_path):
     """A table whose spread stayed large: `audit`, its JSON and the sign-off page say so."""
     import shutil
 
-    from click.testing import CliRunner
-
     from _synthetic import task_audit
+    from click.testing import CliRunner
 
     from relaxspec_audit.audit.runs import manifest_facts
     from relaxspec_audit.cli import main
