@@ -153,6 +153,8 @@ def format_table(s: dict[str, Any]) -> str:
     kv("verification share of time (wall clock)", _fmt(s["verify_share"]))
     kv("target passes per token", _fmt(s.get("passes_per_token")))
     kv("tokens / s (wall clock)", _fmt(s.get("tokens_per_s")))
+    for warning in s.get("cost_warnings", []):
+        kv("FLAGGED cost table", warning)
     versus = (("speedup_vs_reference", "reference"), ("speedup_vs_baseline", "target-only"))
     for key, label in versus:
         if key in s:
@@ -295,6 +297,9 @@ def audit(
         )
     except (LogError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
+    if fmt != "text":  # the text table shows them in its speed section
+        for warning in summary.get("cost_warnings", []):
+            click.echo(f"warning: {warning}: the modelled speed-ups may be wrong", err=True)
     click.echo(render(summary, fmt), nl=fmt == "text" or fmt == "json")
 
 

@@ -223,7 +223,7 @@ def _collect(opts: dict[str, Any]) -> None:
     except ConfigError as exc:
         raise click.BadParameter(exc.message, param_hint=f"'{exc.field}'") from exc
 
-    from relaxspec_audit.collect.logs import LogError
+    from relaxspec_audit.collect.logs import LogError, read_manifest
     from relaxspec_audit.collect.pair import DecodeError
     from relaxspec_audit.collect.run import collect as collect_run  # heavy: torch
 
@@ -260,6 +260,9 @@ def _collect(opts: dict[str, Any]) -> None:
         ) from exc
     finally:
         bar.close()
+    table = read_manifest(run_dir).cost_table
+    for warning in table.warnings if table is not None else ():
+        click.echo(f"warning: {warning}: modelled speed-ups priced from it say so", err=True)
     click.echo(run_dir)
     click.echo(summary_line(run_dir))
 

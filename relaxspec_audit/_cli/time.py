@@ -81,7 +81,7 @@ def time(
     import random
 
     from relaxspec_audit import tasks
-    from relaxspec_audit.audit.walltime import timing_label, timing_speedups
+    from relaxspec_audit.audit.walltime import timing_label, timing_speedups, timing_warnings
     from relaxspec_audit.collect.config import TARGET_ONLY
     from relaxspec_audit.collect.pair import DecodeError, encode_prompt, load_pair
     from relaxspec_audit.collect.stops import StopStrings
@@ -113,12 +113,14 @@ def time(
     result["run_dirs"] = [str(Path(d)) for d in run_dirs]
     path = save_timing(result, runs_dir)
     table = timing_speedups(result, alpha=alpha)
+    for warning in timing_warnings(result):
+        click.echo(f"warning: {warning}", err=True)
     click.echo(timing_label(result))
     click.echo(f"reference: {ref.rule} ({run_dirs[0]})")
     for row in table.iter_rows(named=True):
         det = "" if row["deterministic"] else "  (outputs varied between replicates)"
-        click.echo(
-            f"  {row['rule']:<10} {row['run_id']}  {row['speedup']:.3f}x "
-            f"[{row['ci_low']:.3f}, {row['ci_high']:.3f}]{det}"
-        )
+        ci = "[no interval]"
+        if row["ci_low"] == row["ci_low"]:  # NaN below the replicates an interval needs
+            ci = f"[{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
+        click.echo(f"  {row['rule']:<10} {row['run_id']}  {row['speedup']:.3f}x {ci}{det}")
     click.echo(f"wrote {path}")

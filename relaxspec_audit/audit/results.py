@@ -188,6 +188,8 @@ class ManifestFacts(Record):
     started_at: str | None
     ended_at: str | None
     statuses: dict[str, int]
+    #: Why the cost tables that price the task's runs may be wrong (empty: none flagged).
+    cost_warnings: list[str] = Field(default_factory=list)
 
 
 class NotebookEntry(Record):

@@ -21,7 +21,8 @@ import polars as pl
 from relaxspec_audit.audit.records import plain
 from relaxspec_audit.audit.results import ManifestFacts
 from relaxspec_audit.collect.config import task_slug
-from relaxspec_audit.collect.manifest import RunManifest
+from relaxspec_audit.collect.costs import flagged_note
+from relaxspec_audit.collect.manifest import RunManifest, priced_alike
 from relaxspec_audit.verify import registry
 from relaxspec_audit.verify.registry import TARGET_ONLY
 
@@ -45,6 +46,8 @@ _PAIR_FIELDS = ("task", "split", "seed", "k", "temperature", "top_k", "top_p",
 PASS_COST = "pass_cost"
 #: Column with the id of the cost table that priced the run (null: none).
 COST_TABLE = "cost_table"
+#: Column saying the run's cost table is flagged (``costs.flagged_note``; null: it is not).
+COST_NOTE = "cost_note"
 
 _SCHEMA = {
     "run_dir": pl.String, "run_id": pl.String, "task": pl.String, "rule": pl.String,
@@ -133,7 +136,9 @@ class TaskRuns:
             rows.append(_row(str(run_dir), manifest))
         every = pl.DataFrame(rows, schema=_SCHEMA).sort(["rule", "value", "split"], nulls_last=True)
         table = every.filter(pl.col("variant").is_null())
-        return cls(runs_dir, task, manifests, table, every)
+        # A task's runs are priced alike: two calibrations of one key become one table.
+        priced = dict(zip(manifests, priced_alike(list(manifests.values())), strict=True))
+        return cls(runs_dir, task, priced, table, every)
 
     def manifest(self, run_dir: str) -> RunManifest:
         """The manifest of one of the runs."""
@@ -248,6 +253,12 @@ def runs_overview(runs: TaskRuns) -> pl.DataFrame:
     ).sort(["rule", "setting", "split"]).with_columns(pl.col("tau_mean").round(3))  # fmt: skip
 
 
+def cost_warnings_of(manifests: Iterable[RunManifest]) -> list[str]:
+    """Every warning of the tables that price the runs, once each, sorted."""
+    tables = [m.cost_table for m in manifests if m.cost_table is not None]
+    return sorted({w for t in tables for w in t.warnings})
+
+
 def manifest_facts(manifests: Sequence[RunManifest]) -> ManifestFacts:
     """How the runs were made; values that differ between runs are listed, not hidden."""
 
@@ -279,6 +290,7 @@ def manifest_facts(manifests: Sequence[RunManifest]) -> ManifestFacts:
         hosts=distinct(m.host for m in manifests),
         started_at=min((m.started_at or "" for m in manifests), default=None),
         ended_at=max((m.ended_at or "" for m in manifests), default=None),
+        cost_warnings=cost_warnings_of(manifests),
         statuses=statuses,
     )
 
@@ -375,7 +387,7 @@ def pass_cost(manifest: RunManifest) -> float | None:
 
 
 def settings_frame(manifests: Sequence[RunManifest]) -> pl.DataFrame:
-    """One row per run: ``run``, ``rule``, ``pass_cost``, ``cost_table`` and the resolved params.
+    """One row per run: ``run``, ``rule``, ``pass_cost``, ``cost_table``, ``cost_note``, params.
 
     Join it to a ``requests`` scan on ``run`` (the hive key of ``logs.scan``) to get the
     setting columns :func:`frontier` groups by, and each run's modelled cost of a target
@@ -387,8 +399,10 @@ def settings_frame(manifests: Sequence[RunManifest]) -> pl.DataFrame:
 
     rows = []
     for m in manifests:
-        table_id = m.cost_table.id if m.cost_table is not None else None
-        row = {"run": m.run_id, "rule": m.rule, PASS_COST: m.pass_cost, COST_TABLE: table_id}
+        table = m.cost_table
+        row = {"run": m.run_id, "rule": m.rule, PASS_COST: m.pass_cost,
+               COST_TABLE: table.id if table is not None else None,
+               COST_NOTE: flagged_note(table.warnings) if table is not None else None}  # fmt: skip
         row.update(params_dict(m.params))
         rows.append(row)
     # An int parameter that is ∞ in some run (an uncapped ASD) is a float column.
@@ -398,4 +412,5 @@ def settings_frame(manifests: Sequence[RunManifest]) -> pl.DataFrame:
         {k: float(v) if k in floats and v is not None else v for k, v in row.items()}
         for row in rows
     ]
-    return pl.DataFrame(rows, schema_overrides={PASS_COST: pl.Float64, COST_TABLE: pl.String})
+    schema = {PASS_COST: pl.Float64, COST_TABLE: pl.String, COST_NOTE: pl.String}
+    return pl.DataFrame(rows, schema_overrides=schema)

@@ -32,6 +32,7 @@ from relaxspec_audit.audit.frames import Frame, _lazy
 from relaxspec_audit.audit.pairing import pair_requests
 from relaxspec_audit.audit.records import Status, Verdict, VerdictNumbers
 from relaxspec_audit.audit.runs import (
+    COST_NOTE,
     COST_TABLE,
     PASS_COST,
     pass_cost,
@@ -42,6 +43,7 @@ from relaxspec_audit.audit.speedup import paired_speedup
 from relaxspec_audit.verify.registry import setting_words
 
 __all__ = [
+    "COST_NOTE",
     "COST_TABLE",
     "DEFAULT_MIN_GAIN",
     "PASS_COST",
@@ -131,7 +133,7 @@ def requests_speedup(
 
     Runs priced by different cost tables (ids in ``cost_table``) are still compared, with
     a ``note``; when only some rows carry a cost the comparison falls back to tokens per
-    pass, also with a note.
+    pass, also with a note. A flagged table's ``cost_note`` is carried into the note.
 
     Returns:
         ``{"speedup", "ci_low", "ci_high", "n_pairs", "basis", "note"}`` (``basis`` is
@@ -163,6 +165,10 @@ def requests_speedup(
         if len(ids) > 1:
             note = (f"priced by {len(ids)} different cost tables ({', '.join(sorted(ids))}): "
                     "another device, dtype, K or batch size; compare with care")  # fmt: skip
+        flagged = [n for df in (rel, ref) if COST_NOTE in df.columns
+                   for n in df[COST_NOTE].drop_nulls().unique(maintain_order=True)]  # fmt: skip
+        if flagged:  # every number priced from a flagged table says so
+            note = "; ".join(dict.fromkeys([*([note] if note else []), *flagged]))
     cols = ["target_passes", "n_tokens", *([PASS_COST] if costed else [])]
     pairs = pair_requests(rel, ref, cols, by=[])
 

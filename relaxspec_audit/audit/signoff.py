@@ -153,7 +153,7 @@ def _verdict(
     requests = logs.scan(rel_dirs, "requests").collect().join(settings, on="run")
     # The reference's own cost of a pass: the modelled speed-up compares the two.
     ref_costs = select.settings_frame([runs.manifest(d) for d in ref_dirs])
-    costs = ref_costs.select("run", select.PASS_COST, select.COST_TABLE)
+    costs = ref_costs.select("run", select.PASS_COST, select.COST_TABLE, select.COST_NOTE)
     reference = logs.scan(ref_dirs, "requests").collect().join(costs, on="run", how="left")
     try:
         verdict = select.recommend(requests, reference, list(select.setting_params(rule)),

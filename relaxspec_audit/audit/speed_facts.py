@@ -179,6 +179,6 @@ def timing_for(
         "speedup": _num(row["speedup"]),
         "ci_low": _num(row["ci_low"]),
         "ci_high": _num(row["ci_high"]),
-        "label": str(row["label"]),
+        "label": "; ".join(x for x in (str(row["label"]), row["warning"]) if x),
         "timing_id": rec.get("id"),
     }

@@ -30,7 +30,7 @@ import polars as pl
 from relaxspec_audit.audit.frames import CLUSTER, Frame, _draft_rows, _lazy
 from relaxspec_audit.audit.intervals import clustered_ratio, clustered_share
 from relaxspec_audit.audit.pairing import pair_requests
-from relaxspec_audit.collect.costs import CostTable, CostTableError
+from relaxspec_audit.collect.costs import CostTable, CostTableError, flagged_note, preferred
 from relaxspec_audit.collect.manifest import RunManifest
 
 # One E[τ] and one speed formula in the package: theory's (THEORY §1), re-exported here.
@@ -261,12 +261,11 @@ def _request_costs(
 
 
 def _table_note(ref: CostTable, rel: CostTable) -> str | None:
-    """None when both runs use one table; else what differs between the two."""
+    """None when one table prices both runs; else what differs between the two."""
     if ref.id == rel.id:
         return None
     a, b = ref.key(), rel.key()
-    diff = [f"{f} {_short(a[f])} vs {_short(b[f])}" for f in a if a[f] != b[f]]
-    what = "; ".join(diff) if diff else "same key, two calibrations"
+    what = "; ".join(f"{f} {_short(a[f])} vs {_short(b[f])}" for f in a if a[f] != b[f])
     return (
         f"different cost tables (reference {ref.id} vs candidate {rel.id}: {what}); each "
         "run's counts are costed with its own table, so the ratio mixes two calibrations"
@@ -318,9 +317,11 @@ def modelled_speedup_paired(
 
     Returns:
         Columns ``*by, n_pairs, speedup, ci_low, ci_high, cost_table, note``: ``cost_table``
-        is the table id (both ids when they differ); ``note`` is null when both runs carry
-        the same table, says what differs when they carry two (still computed), and says
-        which run lacks one when either does (then ``speedup`` and its CI are null).
+        is the table id (both ids when they differ); ``note`` is null when one table prices
+        both runs (two calibrations of one key are priced with :func:`~relaxspec_audit.
+        collect.costs.preferred`), says what differs when the tables measured different
+        things (still computed), says when a table is flagged (``CostTable.warnings``), and
+        says which run lacks one when either does (then ``speedup`` and its CI are null).
     """
     by = list(by)
     t_rel = _cost_table(rel_manifest, "rel_manifest")
@@ -341,10 +342,16 @@ def modelled_speedup_paired(
             pl.lit(None, pl.String).alias("cost_table"),
             pl.lit(note).alias("note"),
         )
+    if t_rel.id != t_ref.id and t_rel.key() == t_ref.key():
+        # Two calibrations of one key: one prices both, so a load during either cannot
+        # move the comparison and identical logs give exactly 1.0.
+        t_rel = t_ref = preferred([t_ref, t_rel])
     rel = _request_costs(rel_rounds, rel_requests, rel_manifest, t_rel, by, "rel")
     ref = _request_costs(ref_rounds, ref_requests, ref_manifest, t_ref, by, "ref")
     note = _table_note(t_ref, t_rel)
     table_id = t_rel.id if note is None else f"{t_ref.id}/{t_rel.id}"
+    flagged = flagged_note([*t_ref.warnings, *t_rel.warnings])
+    note = "; ".join(n for n in (note, flagged) if n) or None
     pairs = pair_requests(rel, ref, ["_cost", "n_tokens"], by=by)
     rows = []
     groups = pairs.partition_by(by, as_dict=True, maintain_order=True) if by else {(): pairs}
@@ -373,8 +380,8 @@ def modelled_cost_per_token(
     CR1 interval of a ratio of sums (:func:`~relaxspec_audit.audit.intervals.clustered_ratio`).
 
     Returns:
-        Columns ``*by, n_requests, cost_per_token_s, ci_low, ci_high, cost_table`` (null
-        numbers and ``cost_table`` when the manifest has no cost table).
+        Columns ``*by, n_requests, cost_per_token_s, ci_low, ci_high, cost_table, note``
+        (``note``: null unless the table is flagged).
     """
     by = list(by)
     table = _cost_table(manifest, "manifest")
@@ -390,6 +397,7 @@ def modelled_cost_per_token(
         "ci_low",
         "ci_high",
         pl.lit(table.id).alias("cost_table"),
+        pl.lit(flagged_note(table.warnings), pl.String).alias("note"),
     )
 
 
@@ -435,7 +443,7 @@ def speed(
 
     Returns:
         One row per group with the columns named above, ``tau_ci_low``, ``tau_ci_high``,
-        ``n_rounds``, ``n_requests``.
+        ``cost_note`` (null unless the table is flagged), ``n_rounds``, ``n_requests``.
 
     Raises:
         ValueError: a cost table whose K is smaller than the rounds' ``k``, or that lacks
@@ -500,6 +508,9 @@ def speed(
         "modelled_tau",
         "modelled_cost_per_token",
         "modelled_speedup",
+        pl.lit(None if table is None else flagged_note(table.warnings), pl.String).alias(
+            "cost_note"
+        ),
         pl.col("_rounds").cast(pl.Int64).alias("n_rounds"),
         "n_requests",
     )

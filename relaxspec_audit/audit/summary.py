@@ -10,6 +10,7 @@ Only numpy, polars, scipy and statsmodels are imported: no torch.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -42,14 +43,22 @@ from relaxspec_audit.audit.frames import (
     json_safe,
     nsd_theta,
 )
-from relaxspec_audit.audit.select import COST_TABLE, PASS_COST, pass_cost, requests_speedup
+from relaxspec_audit.audit.runs import cost_warnings_of
+from relaxspec_audit.audit.select import (
+    COST_NOTE,
+    COST_TABLE,
+    PASS_COST,
+    pass_cost,
+    requests_speedup,
+)
 from relaxspec_audit.audit.speedup import (
     acceptance_by_position,
     modelled_speedup_paired,
     paired_speedup,
     speed,
 )
-from relaxspec_audit.collect.manifest import RunManifest
+from relaxspec_audit.collect.costs import flagged_note
+from relaxspec_audit.collect.manifest import RunManifest, priced_alike
 from relaxspec_audit.verify.params import bad_thetas
 from relaxspec_audit.verify.registry import RULES
 
@@ -98,14 +107,19 @@ def _with_costs(requests: pl.DataFrame, frames: RunFrames) -> pl.DataFrame:
     """``requests`` with each run's cost of a target pass and its table id (null: none)."""
     costs = {m.run_id: pass_cost(m) for m in frames.manifests}
     ids = {m.run_id: m.cost_table.id if m.cost_table else None for m in frames.manifests}
+    notes = {m.run_id: flagged_note(m.cost_table.warnings) if m.cost_table else None
+             for m in frames.manifests}  # fmt: skip
     if "run_id" not in requests.columns:
         return requests.with_columns(
-            pl.lit(None, pl.Float64).alias(PASS_COST), pl.lit(None, pl.String).alias(COST_TABLE)
+            pl.lit(None, pl.Float64).alias(PASS_COST),
+            pl.lit(None, pl.String).alias(COST_TABLE),
+            pl.lit(None, pl.String).alias(COST_NOTE),
         )
     rid = pl.col("run_id")
     return requests.with_columns(
         rid.replace_strict(costs, default=None, return_dtype=pl.Float64).alias(PASS_COST),
         rid.replace_strict(ids, default=None, return_dtype=pl.String).alias(COST_TABLE),
+        rid.replace_strict(notes, default=None, return_dtype=pl.String).alias(COST_NOTE),
     )
 
 
@@ -152,6 +166,14 @@ def _needed(frame: Frame, name: str, cols: Sequence[str]) -> pl.DataFrame:
     return lf.select([c for c in cols if c in have]).collect().rechunk()
 
 
+def _priced_alike(*sides: RunFrames | None) -> list[RunFrames | None]:
+    """The frames with every run priced by the one table of its key (``priced_alike``)."""
+    every = [m for side in sides if side is not None for m in side.manifests]
+    priced = iter(priced_alike(every))
+    return [None if side is None else dataclasses.replace(
+        side, manifests=[next(priced) for _ in side.manifests]) for side in sides]  # fmt: skip
+
+
 def audit_summary(
     runs: RunFrames | str | Path | Iterable[str | Path],
     *,
@@ -190,7 +212,7 @@ def audit_summary(
     def frames(x):
         return x if isinstance(x, RunFrames) or x is None else RunFrames.load(x, verify=verify)
 
-    runs, reference, baseline = frames(runs), frames(reference), frames(baseline)
+    runs, reference, baseline = _priced_alike(frames(runs), frames(reference), frames(baseline))
     es_grid = _manifest_grid(runs.manifests)
     grid = tuple(theta_grid) if theta_grid else (es_grid or DEFAULT_THETA_GRID)
     if bad := bad_thetas(grid):
@@ -280,6 +302,10 @@ def audit_summary(
         "draft_cost_ratio": s0.get("c"),  # measured (wall clock) draft/target step ratio
         "modelled_tau": s0.get("modelled_tau"),
         "modelled_speedup": s0.get("modelled_speedup"),
+        # Why the cost tables that price these numbers may be wrong (empty: none flagged).
+        "cost_warnings": cost_warnings_of(
+            m for f in (runs, reference, baseline) if f is not None for m in f.manifests
+        ),
         "passes_per_token": s0.get("passes_per_token"),
         "tokens_per_s": s0.get("tokens_per_s"),
     }

@@ -29,6 +29,10 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+#: Replicates below which no interval is given: a t interval from 2–5 log ratios of a
+#: shared machine spans orders of magnitude (``0.524x [0.003, 84.667]`` at R = 2, load 7).
+MIN_REPLICATES = 6
+
 
 def log_ratio_interval(
     log_ratios: Sequence[float] | np.ndarray, *, alpha: float = 0.05
@@ -94,6 +98,22 @@ def walltime_speedup(
             "log_sd": sd}  # fmt: skip
 
 
+def timing_warnings(result: Mapping[str, Any]) -> list[str]:
+    """Why a pass's wall clock may be wrong: a loaded machine, too few replicates."""
+    out = []
+    cpus = (result.get("machine") or {}).get("cpu_count")
+    loads = [x[0] for x in (result.get("load_avg_before"), result.get("load_avg_after")) if x]
+    # Before the pass the load is other work's; after it, it includes this pass's threads.
+    before = result.get("load_avg_before")
+    if cpus and before and before[0] >= cpus:
+        out.append(f"the machine was loaded (load average {max(loads):.2f} on {cpus} CPUs): "
+                   "other work moved these timings")  # fmt: skip
+    repeats = result.get("repeats")
+    if isinstance(repeats, int) and repeats < MIN_REPLICATES:
+        out.append(f"{repeats} replicates: no interval below {MIN_REPLICATES}")
+    return out
+
+
 def timing_label(result: Mapping[str, Any]) -> str:
     """The measure's label: ``wall clock, paired timing pass: n items × R replicates, …``."""
     m = result.get("machine") or {}
@@ -107,10 +127,11 @@ def timing_label(result: Mapping[str, Any]) -> str:
         extra.append(f"{m['torch_threads']} threads")
     loads = [x[0] for x in (result.get("load_avg_before"), result.get("load_avg_after")) if x]
     load = "load n/a" if not loads else "load " + "–".join(f"{x:.2f}" for x in loads)
+    loaded = " (LOADED)" if any("loaded" in w for w in timing_warnings(result)) else ""
     return (
         f"wall clock, paired timing pass: {len(result.get('items', []))} items × "
         f"{result.get('repeats')} replicates, batch {result.get('batch_size')}, {where}"
-        f" ({', '.join(extra)}), {load}"
+        f" ({', '.join(extra)}), {load}{loaded}"
     )
 
 
@@ -126,8 +147,10 @@ def timing_speedups(
 
     Returns:
         Columns ``run_id, rule, speedup, ci_low, ci_high, n_replicates, log_sd,
-        deterministic, label`` (``deterministic``: the candidate's outputs were the same
-        in every replicate; ``label``: :func:`timing_label`).
+        deterministic, label, warning`` (``deterministic``: the candidate's outputs were
+        the same in every replicate; ``label``: :func:`timing_label`; ``warning``:
+        :func:`timing_warnings` joined, null when none). Below :data:`MIN_REPLICATES`
+        replicates the bounds are NaN.
     """
     for name in ("seconds", "tokens", "run_ids", "configs"):
         if name not in result:
@@ -136,12 +159,15 @@ def timing_speedups(
     if not 0 <= reference < len(sec):
         raise ValueError(f"reference: index {reference} out of range (0..{len(sec) - 1})")
     label = timing_label(result)
+    warning = "; ".join(timing_warnings(result)) or None
     outputs = result.get("outputs") or [[] for _ in sec]
     rows = []
     for c in range(len(sec)):
         if c == reference:
             continue
         res = walltime_speedup(sec[reference], tok[reference], sec[c], tok[c], alpha=alpha)
+        if res["n_replicates"] < MIN_REPLICATES:
+            res.update(ci_low=math.nan, ci_high=math.nan)
         rows.append(
             {
                 "run_id": result["run_ids"][c],
@@ -149,9 +175,11 @@ def timing_speedups(
                 **res,
                 "deterministic": len(set(outputs[c])) <= 1,
                 "label": label,
+                "warning": warning,
             }
         )
     schema = {"run_id": pl.String, "rule": pl.String, "speedup": pl.Float64,
               "ci_low": pl.Float64, "ci_high": pl.Float64, "n_replicates": pl.Int64,
-              "log_sd": pl.Float64, "deterministic": pl.Boolean, "label": pl.String}  # fmt: skip
+              "log_sd": pl.Float64, "deterministic": pl.Boolean, "label": pl.String,
+              "warning": pl.String}  # fmt: skip
     return pl.DataFrame(rows, schema=schema)

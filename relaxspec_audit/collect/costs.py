@@ -16,9 +16,19 @@ What a table holds, per call at batch size ``B`` (the shapes the batched engine 
 - ``verify_s``: one ``[B, K + 1]`` target pass;
 - ``target_step_s``: one ``[B, 1]`` target forward (target-only decoding, one per token).
 
-Each is the median over ``reps`` repetitions after ``warmup`` untimed ones, the three kinds
-interleaved rep by rep (the order rotated each rep) so that a load spike hits all three
-alike. Not in the table: prefill, the rule's tensor code, host copies and logging (the same
+Each is the MINIMUM over the timed repetitions after ``warmup`` untimed ones, the three
+kinds interleaved rep by rep (the order rotated each rep) so that a load spike hits all
+three alike. Other work on the machine only ever slows a call, so the fastest repetition is
+the estimate a load is least able to move (a median measured 0.095 s and 0.685 s for one
+key under load). Repetitions continue until, for every kind, the fastest quarter sits
+within :data:`MAX_SPREAD` of the minimum (``spread = (q25 − min) / min``), or a cap is
+reached. A table whose spread stays larger, or that was measured while the load average
+reached the number of CPUs, carries :attr:`CostTable.warnings`; every number priced from
+it says so (``audit``, ``summary.json``, the pages). Within a runs folder there is one
+table per key (:func:`find_or_calibrate`), and two runs whose tables share a key are
+priced with one of them (:func:`preferred`), so identical logs give exactly 1.0.
+
+Not in the table: prefill, the rule's tensor code, host copies and logging (the same
 per round whatever the costs; the wall clock of :mod:`relaxspec_audit.collect.timing`
 includes them). The static-cache forward attends over its whole cache, so its cost depends
 on the cache length: ``max_seq_len`` is recorded with the measurement.
@@ -30,16 +40,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-#: Version of the stored JSON (``costs/<id>.json``, ``manifest["cost_table"]``).
-COST_TABLE_SCHEMA = 1
+#: Version of the stored JSON (``costs/<id>.json``, ``manifest["cost_table"]``). Schema 1
+#: (medians, no spread check, ``measured`` outside the id) is still read, with a warning.
+COST_TABLE_SCHEMA = 2
+
+#: A kind's spread ``(q25 − min) / min`` at or below which its minimum is taken as settled.
+MAX_SPREAD = 0.10
 
 #: The per-step costs a table holds, in seconds (None: the pair has no such model).
 COST_FIELDS = ("draft_step_s", "verify_s", "target_step_s")
@@ -72,11 +87,13 @@ class CostTable:
         draft_step_s: seconds of one ``[B, 1]`` draft call (None without a draft).
         verify_s: seconds of one ``[B, K + 1]`` target call (None when K = 0).
         target_step_s: seconds of one ``[B, 1]`` target call.
-        measured: how: ``reps``, ``warmup``, ``iqr_s`` per kind, ``torch_threads``,
+        measured: how: ``reps``, ``warmup``, ``statistic`` (``min``), ``spread`` and
+            ``iqr_s`` per kind, ``torch_threads``,
             ``cpu_count``, ``load_avg_before`` / ``load_avg_after``, ``engine``
             (the model adapter: ``static`` / ``transformers``; ``generic`` in tables of the
             one-request engine that came before), ``max_seq_len``, ``calibrated_at``,
             ``elapsed_s``.
+        schema: the stored JSON's version (:data:`COST_TABLE_SCHEMA`; 1 for older tables).
     """
 
     target: Mapping[str, Any]
@@ -90,6 +107,7 @@ class CostTable:
     verify_s: float | None
     target_step_s: float
     measured: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    schema: int = field(default=COST_TABLE_SCHEMA, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         for name in ("k", "batch_size"):
@@ -110,6 +128,32 @@ class CostTable:
                 raise CostTableError(f"cost table: field {name!r} is infinite")
             object.__setattr__(self, name, float(value))
 
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """Why the table's costs may be wrong (empty: measured settled on a quiet machine)."""
+        m = self.measured
+        out = []
+        if m.get("statistic") != "min" or not isinstance(m.get("spread"), Mapping):
+            how = m.get("statistic") or "an unrecorded statistic"
+            out.append(f"table {self.id} was measured without a spread check ({how} of "
+                       "its reps)")  # fmt: skip
+        else:
+            wide = {k: v for k, v in m["spread"].items() if not v <= MAX_SPREAD}
+            if wide:
+                what = ", ".join(f"{k} {v:.2f}" for k, v in sorted(wide.items()))
+                out.append(f"table {self.id}: spread stayed above {MAX_SPREAD:.2f} after "
+                           f"{m.get('reps')} reps ({what})")  # fmt: skip
+        load, cpus = m.get("load_avg_before"), m.get("cpu_count")
+        if load and cpus and load[0] >= cpus:
+            out.append(f"table {self.id} was calibrated on a loaded machine (load "
+                       f"{load[0]:.2f} on {cpus} CPUs)")  # fmt: skip
+        return tuple(out)
+
+    @property
+    def reliable(self) -> bool:
+        """No :attr:`warnings`."""
+        return not self.warnings
+
     def key(self) -> dict[str, Any]:
         """What was measured: identical keys mean interchangeable tables."""
         out = {name: getattr(self, name) for name in KEY_FIELDS}
@@ -120,13 +164,21 @@ class CostTable:
 
     @property
     def id(self) -> str:
-        """Short sha256 (12 hex) of the key and the three values."""
-        blob = {"key": self.key(), **{name: getattr(self, name) for name in COST_FIELDS}}
-        return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:12]
+        """Short sha256 (12 hex) of the key, the three values and how they were measured.
+
+        ``measured`` is in it (schema 2), so an edited spread or load cannot pass as the
+        calibration's; the load paths of the models are not.
+        """
+        blob: dict[str, Any] = {"key": self.key()}
+        blob.update({name: getattr(self, name) for name in COST_FIELDS})
+        if self.schema >= 2:
+            blob["measured"] = dict(self.measured)
+        text = json.dumps(blob, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict (the stored file and ``manifest["cost_table"]``)."""
-        out: dict[str, Any] = {"schema": COST_TABLE_SCHEMA, "id": self.id}
+        out: dict[str, Any] = {"schema": self.schema, "id": self.id}
         for name in (*KEY_FIELDS, *COST_FIELDS):
             value = getattr(self, name)
             out[name] = dict(value) if isinstance(value, Mapping) else value
@@ -145,8 +197,12 @@ class CostTable:
         missing = [n for n in (*KEY_FIELDS, *COST_FIELDS) if n not in data]
         if missing:
             raise CostTableError(f"cost table: missing field(s) {missing}")
+        schema = data.get("schema", COST_TABLE_SCHEMA)
+        if schema not in (1, COST_TABLE_SCHEMA):
+            raise CostTableError(f"cost table: field 'schema' is {schema!r}; this version "
+                                 f"reads 1 and {COST_TABLE_SCHEMA}")  # fmt: skip
         kwargs = {n: data[n] for n in (*KEY_FIELDS, *COST_FIELDS)}
-        table = cls(**kwargs, measured=dict(data.get("measured") or {}))
+        table = cls(**kwargs, measured=dict(data.get("measured") or {}), schema=schema)
         if data.get("id") is not None and data["id"] != table.id:
             raise CostTableError(
                 f"cost table: field 'id' is {data['id']!r} but its contents hash to "
@@ -230,19 +286,74 @@ def planned_batch_size(config: Any) -> int:
     return resolve_batch_size(None, torch.device(device), config.limit or 2**62)
 
 
+def flagged_note(warnings: Iterable[str]) -> str | None:
+    """The note every number priced from flagged tables carries (None: none flagged)."""
+    unique = list(dict.fromkeys(w for w in warnings if w))
+    if not unique:
+        return None
+    return f"priced from a flagged cost table ({'; '.join(unique)}): it may be wrong"
+
+
+def preferred(tables: Iterable[CostTable]) -> CostTable:
+    """The one table of several calibrations of ONE key that prices them all.
+
+    Reliable before flagged, then the smaller largest spread, then the earlier
+    calibration, then the id: the choice depends on the tables, not on their order, so
+    every path (``audit``, the notebooks, the batch) prices a pair of runs alike.
+
+    Raises:
+        ValueError: no tables, or tables of different keys.
+    """
+    tables = list(tables)
+    if not tables:
+        raise ValueError("preferred: no cost tables")
+    if any(t.key() != tables[0].key() for t in tables[1:]):
+        raise ValueError("preferred: tables of different keys measure different things")
+
+    def rank(t: CostTable) -> tuple:
+        spread = t.measured.get("spread")
+        worst = max(spread.values()) if isinstance(spread, Mapping) and spread else math.inf
+        return (not t.reliable, worst, str(t.measured.get("calibrated_at", "")), t.id)
+
+    return min(tables, key=rank)
+
+
+def one_per_key(tables: Iterable[CostTable | None]) -> dict[str, CostTable]:
+    """Table id → the :func:`preferred` table of its key, over the tables given.
+
+    What prices a set of runs audited together: two runs whose tables are two calibrations
+    of one key are priced alike, so identical logs give exactly 1.0 [1, 1].
+    """
+    by_key: dict[str, list[CostTable]] = {}
+    for t in tables:
+        if t is not None:
+            by_key.setdefault(json.dumps(t.key(), sort_keys=True, default=str), []).append(t)
+    out = {}
+    for same in by_key.values():
+        chosen = preferred(same)
+        out.update({t.id: chosen for t in same})
+    return out
+
+
 def find_or_calibrate(
     runs_dir: str | Path, pair: Any, k: int, batch_size: int, **calibrate_kw: Any
 ) -> CostTable:
-    """The stored table for this (pair, device, dtype, K, B), else a new calibration, saved.
+    """The runs folder's table for this (pair, device, dtype, K, B), else a new one, saved.
 
-    A batch calibrates once and its resumed runs reuse the table (the latest calibrated of
-    those with the same :meth:`CostTable.key`), so their modelled times stay comparable.
+    One table per key within a runs folder: a batch calibrates once and its resumed runs,
+    and later collects into the same folder, reuse it, so their modelled times stay
+    comparable. A folder that holds several (copied together from elsewhere) gives
+    :func:`preferred`. To replace a flagged table, delete its file on a quiet machine:
+    the runs keep theirs in their manifests, and pricing prefers the reliable one.
     """
     want = table_key(pair, k, batch_size)
     same = [t for t in stored(runs_dir) if t.key() == want]
     if same:
-        return max(same, key=lambda t: str(t.measured.get("calibrated_at", "")))
+        return preferred(same)
     table = calibrate(pair, k, batch_size, **calibrate_kw)
+    same = [t for t in stored(runs_dir) if t.key() == want]
+    if same:  # another process calibrated meanwhile: keep the folder at one table per key
+        return preferred(same)
     save(table, runs_dir)
     return table
 
@@ -310,46 +421,49 @@ def calibrate(
     k: int,
     batch_size: int,
     *,
-    reps: int = 30,
+    max_reps: int = 60,
     warmup: int = 3,
-    max_seconds: float | None = 3.0,
-    min_reps: int = 5,
+    max_seconds: float | None = 10.0,
+    min_reps: int = 8,
+    max_spread: float = MAX_SPREAD,
     max_seq_len: int = 128,
 ) -> CostTable:
-    """Measure one table: the three kinds of call interleaved rep by rep.
+    """Measure one table: the three kinds of call interleaved rep by rep, until settled.
 
     Through the engine's own model adapter (``adapter.choose_adapter``): ``FastLM`` over a
     static cache of ``max_seq_len`` positions when the pair is Llama-family, else
     transformers' forward over one ``DynamicCache`` per row (cropped back before each call,
     as the engine rolls back). Every call runs at positions in the middle of the cache (a
     ``max_seq_len // 2``-token context is prefilled first). On CUDA each call is bracketed
-    by ``torch.cuda.synchronize``.
+    by ``torch.cuda.synchronize``. Each cost is the minimum of its reps (module docstring).
 
     Args:
         pair: a loaded :class:`~relaxspec_audit.collect.pair.Pair`.
         k: drafts per round K (0: target-only, no verify pass measured).
         batch_size: rows per call B.
-        reps: timed repetitions of each kind (fewer when ``max_seconds`` runs out, never
-            fewer than ``min_reps``).
+        max_reps: at most this many timed repetitions of each kind.
         warmup: untimed repetitions first (allocator, kernels, caches).
-        max_seconds: stop repeating after this much wall clock (None: all ``reps``).
-        min_reps: repetitions kept even past ``max_seconds``.
+        max_seconds: stop repeating after this much wall clock (None: up to ``max_reps``);
+            a table stopped here with a spread above ``max_spread`` carries a warning.
+        min_reps: repetitions before the spread is judged (and kept past ``max_seconds``).
+        max_spread: stop once every kind's ``(q25 − min) / min`` is at most this.
         max_seq_len: the static cache's length (its attention spans all of it).
 
     Returns:
         The table (not saved: :func:`save`, or :func:`find_or_calibrate`).
     """
-    import statistics
-
     import torch
 
     from relaxspec_audit.collect.adapter import choose_adapter
 
-    checks = (("k", k, 0), ("batch_size", batch_size, 1), ("reps", reps, 1),
-              ("warmup", warmup, 0), ("max_seq_len", max_seq_len, 8))  # fmt: skip
+    checks = (("k", k, 0), ("batch_size", batch_size, 1), ("min_reps", min_reps, 2),
+              ("max_reps", max_reps, max(min_reps, 2)), ("warmup", warmup, 0),
+              ("max_seq_len", max_seq_len, 8))  # fmt: skip
     for name, value, low in checks:
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise CostTableError(f"calibrate: {name} must be an int >= {low}, got {value!r}")
+    if not 0 < max_spread < 1:
+        raise CostTableError(f"calibrate: max_spread must be in (0, 1), got {max_spread!r}")
     if max_seq_len // 2 + k + 1 > max_seq_len:
         raise CostTableError(f"calibrate: max_seq_len {max_seq_len} leaves no room for a "
                              f"{k + 1}-token verify pass after its context")  # fmt: skip
@@ -367,7 +481,7 @@ def calibrate(
     t_start = time.perf_counter()
     done = 0
     with torch.inference_mode():
-        for rep in range(warmup + reps):
+        for rep in range(warmup + max_reps):
             shift = rep % len(kinds)  # rotate the order: no kind always runs first
             for name in kinds[shift:] + kinds[:shift]:
                 sync()
@@ -377,12 +491,13 @@ def calibrate(
                 if rep >= warmup:
                     times[name].append(time.perf_counter() - t0)
             done = max(0, rep + 1 - warmup)
-            spent = time.perf_counter() - t_start
-            if max_seconds is not None and spent > max_seconds and done >= min_reps:
+            if done < min_reps:
+                continue
+            if all(_spread(v) <= max_spread for v in times.values()):
+                break
+            if max_seconds is not None and time.perf_counter() - t_start > max_seconds:
                 break
     elapsed = time.perf_counter() - t_start
-    median = {name: statistics.median(v) for name, v in times.items()}
-    iqr = {name: _iqr(v) for name, v in times.items()}
     src = pair.info or {}
     ident = table_key(pair, k, batch_size)
     for role in ("target", "draft"):
@@ -391,8 +506,9 @@ def calibrate(
     measured = {
         "reps": done,
         "warmup": warmup,
-        "statistic": "median",
-        "iqr_s": iqr,
+        "statistic": "min",
+        "spread": {name: _spread(v) for name, v in times.items()},
+        "iqr_s": {name: _iqr(v) for name, v in times.items()},
         "engine": adapter.kind,
         "max_seq_len": max_seq_len,
         "context": max_seq_len // 2,
@@ -404,13 +520,25 @@ def calibrate(
         "calibrated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "elapsed_s": elapsed,
     }
+    fastest = {name: min(v) for name, v in times.items()}
     return CostTable(
         **ident,
-        draft_step_s=median.get("draft_step_s"),
-        verify_s=median.get("verify_s"),
-        target_step_s=median["target_step_s"],
+        draft_step_s=fastest.get("draft_step_s"),
+        verify_s=fastest.get("verify_s"),
+        target_step_s=fastest["target_step_s"],
         measured=measured,
     )
+
+
+def _spread(values: list[float]) -> float:
+    """``(q25 − min) / min``: how far the fastest quarter of the reps sits above the fastest."""
+    import statistics
+
+    if len(values) < 2:
+        return math.inf
+    low = min(values)
+    q25 = statistics.quantiles(values, n=4, method="inclusive")[0]
+    return (q25 - low) / low
 
 
 def _iqr(values: list[float]) -> float:

@@ -14,14 +14,15 @@ Only the standard library and the light collect modules are imported: no torch.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from relaxspec_audit.collect.config import ConfigError, RunConfig, task_slug
-from relaxspec_audit.collect.costs import CostTable, CostTableError
+from relaxspec_audit.collect.costs import CostTable, CostTableError, one_per_key
 from relaxspec_audit.collect.schema import LogError
 from relaxspec_audit.verify import registry
 
@@ -93,6 +94,27 @@ class RunManifest(Mapping[str, Any]):
             raise LogError(f"{where}: field 'cost_table': {exc}") from exc
         record = types.MappingProxyType(copy.deepcopy(dict(data)))  # read-only at the top
         return cls(str(where), run_id, config, status, n, cost_table, record)
+
+    def priced_with(self, table: CostTable) -> RunManifest:
+        """This manifest with ``table`` pricing its passes (another calibration of its key).
+
+        The record keeps the run's own table; only :attr:`cost_table` (and so
+        :attr:`pass_cost`) changes. See :func:`~relaxspec_audit.collect.costs.one_per_key`.
+
+        Raises:
+            ValueError: the run has no table, or ``table`` measured another key.
+        """
+        own = self.cost_table
+        if own is None or own.key() != table.key():
+            raise ValueError(f"run {self.run_id}: cost table {table.id} does not measure "
+                             "what the run's own table measures")  # fmt: skip
+        return dataclasses.replace(self, cost_table=table)
+
+    @property
+    def own_cost_table(self) -> CostTable | None:
+        """The table the run was collected with (:attr:`cost_table` may be a shared one)."""
+        table = self.record.get("cost_table")
+        return CostTable.from_dict(table) if table is not None else None
 
     def to_dict(self) -> dict[str, Any]:
         """The manifest as written (a fresh, mutable copy)."""
@@ -225,3 +247,19 @@ class RunManifest(Mapping[str, Any]):
             return None
         theta = spec.nucleus_theta(self.params)
         return theta if math.isfinite(theta) else None
+
+
+def priced_alike(manifests: Sequence[RunManifest]) -> list[RunManifest]:
+    """The manifests with each table replaced by the one that prices its key for all.
+
+    Runs audited together whose tables are two calibrations of one key (two runs folders,
+    a recalibration) are priced with one of them
+    (:func:`~relaxspec_audit.collect.costs.one_per_key`): a load during either calibration
+    cannot move their comparison, and identical logs give exactly 1.0.
+    """
+    chosen = one_per_key(m.cost_table for m in manifests)
+    out = []
+    for m in manifests:
+        table = chosen.get(m.cost_table.id) if m.cost_table is not None else None
+        out.append(m if table is None or table.id == m.cost_table.id else m.priced_with(table))
+    return out

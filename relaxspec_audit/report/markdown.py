@@ -54,6 +54,8 @@ def _evidence(fam: FamilyVerdict) -> list[str]:
     )
     if speed.wall_clock:
         out.append(f"- wall clock: {_iv(speed.wall_clock)} — {_md(speed.wall_clock.label)}")
+    if modelled.note:
+        out.append(f"- speed note: {_md(modelled.note)}")
     out.append(f"- over target-only decoding: {_iv(speed.vs_target)} (modelled)")
     out.append(f"- {_md(speed.sentence)}")
     for label, block in (("noise floor", fam.noise_floor),
@@ -80,6 +82,10 @@ def signoff_markdown(audit: TaskAudit) -> str:
         f"{audit.min_gain:g}× (modelled speed-up over the reference, lower "
         f"bound). Status: **{_md(audit.status)}**.",
     ]
+    for warning in audit.manifest.cost_warnings if audit.manifest else ():
+        out += ["", f"**Flagged cost table**: {_md(warning)}. Every modelled speed-up on "
+                "this page is priced from it and may be wrong; recalibrate on a quiet "
+                "machine."]  # fmt: skip
     if not audit.families:
         out += ["", "_No relaxed rule was audited for this task._"]
     for fam in audit.families:

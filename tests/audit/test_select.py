@@ -123,7 +123,8 @@ def test_settings_frame_and_assign_split():
         {"run_id": "b", "config": {"rule": "asd", "params": {"budget": 4, "gate": 0.25, "cap": 2}}},
     ]
     sf = sel.settings_frame([manifest(x) for x in m])
-    assert sf.columns == ["run", "rule", "pass_cost", "cost_table", "budget", "gate", "cap"]
+    assert sf.columns == ["run", "rule", "pass_cost", "cost_table", "cost_note", "budget", "gate",
+                          "cap"]  # fmt: skip
     assert sf["pass_cost"].to_list() == [None, None]  # no cost table in these manifests
     assert sf["budget"].to_list() == [8, 4]
     ids = [f"item{i}" for i in range(2000)]

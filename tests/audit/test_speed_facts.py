@@ -62,12 +62,12 @@ def test_timing_for_reads_the_latest_record_of_both_runs(tmp_path):
         "run_ids": ["ref", "cand", "target"],
         "configs": [{"rule": "exact"}, {"rule": "nucleus"}, {"rule": "target"}],
         "items": ["a", "b"],
-        "repeats": 3,
-        "order": [[0, 1, 2], [1, 2, 0], [2, 0, 1]],
+        "repeats": 6,
+        "order": [[0, 1, 2], [1, 2, 0], [2, 0, 1]] * 2,
         # The candidate takes half the reference's time per token in every replicate.
-        "seconds": [[2.0, 2.2, 1.8], [1.0, 1.1, 0.9], [1.5, 1.5, 1.5]],
-        "tokens": [[10, 10, 10]] * 3,
-        "outputs": [["x"] * 3] * 3,
+        "seconds": [[2.0, 2.2, 1.8] * 2, [1.0, 1.1, 0.9] * 2, [1.5] * 6],
+        "tokens": [[10] * 6] * 3,
+        "outputs": [["x"] * 6] * 3,
         "machine": {"device": "cpu"},
         "started_at": "2026-11-30T00:00:00+00:00",
         "batch_size": 2,
@@ -79,3 +79,11 @@ def test_timing_for_reads_the_latest_record_of_both_runs(tmp_path):
     assert "paired timing pass" in got["label"]
     assert timing_for(tmp_path, "ref", "other") is None
     assert timing_for(tmp_path / "none", "ref", "cand") is None
+    # Three replicates: the estimate, no interval, and the label says why.
+    few = {**record, "repeats": 3, "order": record["order"][:3],
+           "seconds": [x[:3] for x in record["seconds"]], "tokens": [[10] * 3] * 3,
+           "outputs": [["x"] * 3] * 3, "started_at": "2026-12-01T00:00:00+00:00"}  # fmt: skip
+    (folder / "b.json").write_text(json.dumps(few))
+    got = timing_for(tmp_path, "ref", "cand")
+    assert got["speedup"] == pytest.approx(2.0) and got["ci_low"] is None
+    assert got["label"].endswith("3 replicates: no interval below 6")

@@ -519,7 +519,7 @@ def test_audit_command_json_and_table(tmp_path):
     cli = CliRunner()
     res = cli.invoke(main, ["audit", run, "--reference", ref, "--theta-grid", "0.5,0.9", "--json"])
     assert res.exit_code == 0, res.output
-    out = json.loads(res.output)
+    out = json.loads(res.stdout)
     assert out["schema_version"] == S.AUDIT_SCHEMA_VERSION
     assert [r["theta"] for r in out["rejected_in_nucleus"]] == [0.5, 0.9]
     assert {"accuracy_delta", "hash_divergence", "tau_mean", "acceptance_rate"} <= set(out)

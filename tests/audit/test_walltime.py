@@ -143,6 +143,29 @@ def test_timing_speedups_rows_and_label():
     assert label.startswith("wall clock, paired timing pass: 3 items × 4 replicates")
     assert "Test CPU" in label and "load 0.50–0.90" in label
     assert out["label"][0] == label
+    # 4 replicates: an estimate, no interval (a t interval from so few spans decades).
+    assert math.isnan(out["ci_low"][0]) and math.isnan(out["ci_high"][0])
+    assert out["warning"][0] == "4 replicates: no interval below 6"
+    assert "LOADED" not in label
+
+
+def test_a_loaded_machine_is_said_and_enough_replicates_give_an_interval():
+    from relaxspec_audit.audit.walltime import MIN_REPLICATES, timing_warnings
+
+    seconds = [[2.0, 2.2, 2.1, 2.0, 2.3, 2.1], [1.0, 1.1, 1.0, 1.05, 1.2, 1.0]]
+    result = {"configs": [{"rule": "exact"}, {"rule": "nucleus"}], "run_ids": ["a", "b"],
+              "items": ["1"], "repeats": MIN_REPLICATES, "batch_size": 2,
+              "seconds": seconds, "tokens": [[10] * 6, [10] * 6],
+              "machine": {"device": "cpu", "cpu_count": 2}, "load_avg_before": [0.3, 0, 0],
+              "load_avg_after": [1.9, 0, 0]}  # fmt: skip
+    quiet = timing_speedups(result)
+    assert quiet["warning"][0] is None and timing_warnings(result) == []
+    assert quiet["ci_low"][0] < quiet["speedup"][0] < quiet["ci_high"][0]
+    loaded = {**result, "load_avg_before": [7.6, 7.0, 6.0], "load_avg_after": [8.1, 7, 6]}
+    out = timing_speedups(loaded)
+    assert out["warning"][0] == ("the machine was loaded (load average 8.10 on 2 CPUs): "
+                                 "other work moved these timings")  # fmt: skip
+    assert timing_label(loaded).endswith("load 7.60–8.10 (LOADED)")
 
 
 @pytest.mark.usefixtures("one_torch_thread")

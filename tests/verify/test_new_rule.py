@@ -102,5 +102,5 @@ def test_a_rule_registered_in_verify_runs_through_every_stage(pfloor, tmp_path):
     _, ref = runs.reference_of(row)
     res = CliRunner().invoke(main, ["audit", row["run_dir"], "--reference", ref, "--json"])
     assert res.exit_code == 0, res.output
-    out = json.loads(res.output)
+    out = json.loads(res.stdout)  # warnings go to stderr
     assert out["rule"]["name"] == "pfloor" and out["rule"]["label"].startswith("pfloor φ=")
