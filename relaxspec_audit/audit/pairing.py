@@ -110,3 +110,27 @@ def pair_requests(
     sample = pl.int_range(pl.len()).over(group, order_by=["_run", "_sample"]).cast(pl.Int64)
     out = out.with_columns(sample.alias("sample")).drop("_run", "_sample")
     return out.select(*group, "sample", *[c for c in out.columns if c not in (*group, "sample")])
+
+
+#: Column :func:`with_position_unit` adds: the item a position's request sampled.
+ITEM_UNIT = "_item"
+
+
+def with_position_unit(positions: pl.DataFrame, requests: Frame) -> tuple[pl.DataFrame, str]:
+    """Positions with the cluster their shares use, and its column name.
+
+    The request when every item has one sample; the item when some have several, since an
+    item's samples share its prompt and their positions are correlated (docs/STATISTICS.md,
+    "The unit of every number": requests nested in items, clustered at the top).
+    """
+    rq = _lazy(requests, "requests", ["request_id", "item_id"])
+    rq = rq.select("request_id", "item_id").unique("request_id").collect()
+    if rq.height == 0 or rq["item_id"].n_unique() == rq.height:
+        return positions, "request_id"
+    unit = rq.select(pl.col("request_id").cast(pl.String), pl.col("item_id").alias(ITEM_UNIT))
+    keyed = positions.with_columns(pl.col("request_id").cast(pl.String).alias("_rq"))
+    out = keyed.join(unit, left_on="_rq", right_on="request_id", how="left").drop("_rq")
+    if out[ITEM_UNIT].null_count():
+        missing = out.filter(pl.col(ITEM_UNIT).is_null())["request_id"].head(3).to_list()
+        raise ValueError(f"positions: request(s) {missing} are not in the requests table")
+    return out, ITEM_UNIT

@@ -35,6 +35,7 @@ from relaxspec_audit.audit.fidelity import (
     hash_divergence,
 )
 from relaxspec_audit.audit.frames import (
+    CLUSTER,
     Frame,
     RunFrames,
     _lazy,
@@ -43,6 +44,7 @@ from relaxspec_audit.audit.frames import (
     json_safe,
     nsd_theta,
 )
+from relaxspec_audit.audit.pairing import with_position_unit
 from relaxspec_audit.audit.runs import cost_warnings_of
 from relaxspec_audit.audit.select import (
     COST_NOTE,
@@ -239,12 +241,14 @@ def audit_summary(
     # round-level statistics only; missing ones are empty lists / nulls, never errors.
     has_pos, has_rounds = pos.height > 0, rounds.height > 0
     empty = pl.DataFrame(schema={"measure": pl.String})
-    anat = rejection_anatomy(pos, grid, TOPK, alpha=alpha) if has_pos else empty
+    # Shares are clustered by request, or by item when items have several samples.
+    pos, unit = with_position_unit(pos, requests) if has_pos else (pos, CLUSTER)
+    anat = rejection_anatomy(pos, grid, TOPK, cluster=unit, alpha=alpha) if has_pos else empty
     nuc = anat.filter(pl.col("measure") == "nucleus")
     topk = anat.filter(pl.col("measure") == "topk")
     ent_out: dict[str, Any] = {}
     if has_pos:
-        ent = entropy_gaps(pos, alpha=alpha)
+        ent = entropy_gaps(pos, cluster=unit, alpha=alpha)
         for s in SUBSETS:
             d = {r["measure"]: r for r in ent.filter(pl.col("subset") == s).to_dicts()}
             ent_out[s] = {
@@ -255,7 +259,7 @@ def audit_summary(
                 "gap_ci_high": d["gap"]["ci_high"],
                 "n_positions": d["gap"]["n_positions"],
             }
-    acc_pos = acceptance_by_position(pos, alpha=alpha) if has_pos else None
+    acc_pos = acceptance_by_position(pos, cluster=unit, alpha=alpha) if has_pos else None
     s0: dict[str, Any] = {}
     if has_rounds:
         # One run's own cost table models its speed over target-only decoding.
@@ -328,7 +332,7 @@ def audit_summary(
         if j is not None:
             dev = deviation_accounting(pos, j, divergence=hd)
             out["deviation"] = {"theta": run_theta, **json_safe(dev.row(0, named=True))}
-            dbp = deviation_by_position(pos, j, alpha=alpha)
+            dbp = deviation_by_position(pos, j, cluster=unit, alpha=alpha)
             out["deviation"]["by_position"] = _records(dbp, dbp.columns)
     if ref_req is not None:
         by = ["task"] if "task" in requests.columns and "task" in ref_req.columns else []

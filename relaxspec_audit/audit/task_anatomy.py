@@ -106,21 +106,30 @@ def run_anatomy(
     """
     from relaxspec_audit.audit.anatomy import TOPK, entropy_gaps, rejection_anatomy
     from relaxspec_audit.audit.frames import RunFrames
+    from relaxspec_audit.audit.pairing import with_position_unit
 
     frames = RunFrames.load([run_dir])
     pos = _positions(frames)
     if not pos.height:
         return None
     manifest = runs.manifest(run_dir)
-    anat = rejection_anatomy(pos, frames.theta_grid, TOPK, alpha=alpha)
+    # Shares are clustered by request, or by item when items have several samples.
+    pos, unit = with_position_unit(pos, frames.requests)
+    anat = rejection_anatomy(pos, frames.theta_grid, TOPK, cluster=unit, alpha=alpha)
     nuc = anat.filter(pl.col("measure") == "nucleus")
     topk = anat.filter(pl.col("measure") == "topk")
     n_rej = int(nuc["n_rejected"][0]) if nuc.height else 0
+    by_request = nuc
+    if unit != "request_id" and nuc.height:  # its clusters are items: count requests
+        one = rejection_anatomy(pos, frames.theta_grid[:1], (), alpha=alpha)
+        by_request = one.filter(pl.col("measure") == "nucleus")
     keep = ["fraction", "ci_low", "ci_high"]
     extra = []
     for other in paired:
-        rel = _positions(RunFrames.load([other["run_dir"]]))
-        gaps = _entropies(entropy_gaps(rel, alpha=alpha), "extra_accepted") if rel.height else None
+        other_frames = RunFrames.load([other["run_dir"]])
+        rel, rel_unit = with_position_unit(_positions(other_frames), other_frames.requests)
+        gaps = (_entropies(entropy_gaps(rel, cluster=rel_unit, alpha=alpha), "extra_accepted")
+                if rel.height else None)  # fmt: skip
         extra.append(
             ExtraAcceptance(rule=other["rule"], setting=other["setting"], run_id=other["run_id"],
                             **(gaps or {"n_positions": None, "note": "no position logs"}))
@@ -131,10 +140,12 @@ def run_anatomy(
         temperature=manifest.config.temperature,
         n_requests=int(frames.requests.select(pl.len()).collect().item()),
         n_rejections=n_rej,
-        n_requests_with_rejections=int(nuc["n_clusters"][0]) if nuc.height else 0,
+        n_requests_with_rejections=int(by_request["n_clusters"][0]) if nuc.height else 0,
         in_nucleus=nuc.select("theta", *keep).to_dicts(),
         topk=topk.select("k", *keep).to_dicts(),
-        entropy_at_rejections=Entropies(**_entropies(entropy_gaps(pos, alpha=alpha), "rejected")),
+        entropy_at_rejections=Entropies(
+            **_entropies(entropy_gaps(pos, cluster=unit, alpha=alpha), "rejected")
+        ),
         extra_acceptances=extra,
         note=None if n_rej else "the ratio test rejected no draft: no anatomy to show",
     )
