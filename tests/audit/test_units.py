@@ -302,8 +302,10 @@ def _sampled_positions(rng: np.random.Generator, n_items: int, k: int, pi: float
                        orient="row")  # fmt: skip
     pos = pos.with_columns(kind=pl.lit("draft"), cause=pl.lit("ratio_rejected"),
                            passed_ratio=pl.lit(False), rank=pl.lit(1))  # fmt: skip
-    req = pos.select("request_id").unique().with_columns(
-        item_id=pl.col("request_id").str.replace(r"#\d+$", "")
+    req = (
+        pos.select("request_id")
+        .unique()
+        .with_columns(item_id=pl.col("request_id").str.replace(r"#\d+$", ""))
     )
     return pos, req
 
