@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from relaxspec_audit.audit.select import DEFAULT_MIN_GAIN
 from relaxspec_audit.collect.config import DTYPES, RunConfig, task_slug
 from relaxspec_audit.verify.registry import RULES
 
@@ -47,7 +48,6 @@ PLAN_KEYS = ("coupling", "noise_floor", "timing", "min_gain")
 COUPLING_LIMIT = 20
 FLOOR_LIMIT = 20
 TIMING_DEFAULTS = {"items": 16, "repeats": 6}
-DEFAULT_MIN_GAIN = 1.0
 
 
 @dataclass(frozen=True)
